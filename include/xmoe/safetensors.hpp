@@ -1,0 +1,53 @@
+// Reading (mmap, validated header) and writing safetensors files.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "xmoe/tensor.hpp"
+
+namespace xmoe {
+
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;            // as written in the file: "F32", "BF16", "F8_E4M3", "U8", ...
+  std::vector<int64_t> shape;
+  size_t begin = 0, end = 0;    // byte offsets relative to the start of the data section
+};
+
+class SafetensorsFile {
+ public:
+  // Maps the file and validates the header: JSON shape, known dtypes, offsets in bounds, sizes equal to
+  // dtype size × shape, no overlapping ranges, __metadata__ values strings. Errors name the file and tensor.
+  static SafetensorsFile open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }  // in data-offset order
+  bool contains(const std::string& name) const;
+  const SafetensorsEntry& entry(const std::string& name) const;  // throws naming the file and tensor
+  std::span<const std::byte> bytes(const std::string& name) const;
+  // A Tensor view (F32, F64, BF16) sharing the mapping, or a converted copy when the data is unaligned.
+  Tensor tensor(const std::string& name) const;
+
+ private:
+  std::string path_;
+  std::shared_ptr<void> mapping_;  // unmapped when the last view is gone
+  const std::byte* data_ = nullptr;
+  size_t data_size_ = 0;
+  std::map<std::string, std::string> metadata_;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, size_t> index_;
+};
+
+// Writes tensors (F32/F64/BF16) in the given order, 8-byte aligned, with string metadata. Writes to a temporary
+// file and renames it, so a failed save leaves any previous file intact.
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace xmoe

@@ -1,0 +1,89 @@
+#include "kernels/cpu/variants.hpp"
+#include "xmoe/error.hpp"
+
+namespace xmoe::kernels {
+
+namespace {
+
+#define XMOE_FILL_ELEMENTWISE(ns)                    \
+  t.softmax_rows_f32 = ns::softmax_rows_f32;         \
+  t.bias_act_f32 = ns::bias_act_f32;                 \
+  t.act_backward_f32 = ns::act_backward_f32;         \
+  t.silu_mul_f32 = ns::silu_mul_f32;                 \
+  t.silu_mul_backward_f32 = ns::silu_mul_backward_f32; \
+  t.f32_to_bf16 = ns::f32_to_bf16;                   \
+  t.bf16_to_f32 = ns::bf16_to_f32;                   \
+  t.scale_f32 = ns::scale_f32;                       \
+  t.axpy_f32 = ns::axpy_f32;                         \
+  t.dot_f32 = ns::dot_f32;                           \
+  t.scale_bf16 = ns::scale_bf16;                     \
+  t.axpy_bf16_f32 = ns::axpy_bf16_f32;               \
+  t.dot_bf16_f32 = ns::dot_bf16_f32;
+
+KernelTable make_reference() {
+  KernelTable t;
+  t.isa = Isa::reference;
+  t.gemm_f32 = reference::gemm_f32;
+  t.gemm_bf16 = reference::gemm_bf16;
+  t.gemm_f64 = reference::gemm_f64;
+  XMOE_FILL_ELEMENTWISE(reference)
+  return t;
+}
+
+KernelTable make_avx2() {
+  KernelTable t;
+  t.isa = Isa::avx2;
+  t.gemm_f32 = avx2::gemm_f32;
+  t.gemm_bf16 = avx2::gemm_bf16;
+  t.gemm_f64 = reference::gemm_f64;
+  XMOE_FILL_ELEMENTWISE(avx2)
+  return t;
+}
+
+KernelTable make_avx512() {
+  KernelTable t;
+  t.isa = Isa::avx512;
+  t.gemm_f32 = avx512::gemm_f32;
+  t.gemm_bf16 = avx512::gemm_bf16;
+  t.gemm_f64 = reference::gemm_f64;
+  XMOE_FILL_ELEMENTWISE(avx512)
+  return t;
+}
+
+KernelTable make_avx512_bf16() {
+  KernelTable t = make_avx512();
+  t.isa = Isa::avx512_bf16;
+  t.gemm_bf16 = avx512_bf16::gemm_bf16;
+  return t;
+}
+
+#undef XMOE_FILL_ELEMENTWISE
+
+}  // namespace
+
+const KernelTable& reference_kernel_table() {
+  static const KernelTable table = make_reference();
+  return table;
+}
+
+const KernelTable& kernel_table(Isa isa, const CpuFeatures& features) {
+  XMOE_CHECK(isa_supported(features, isa), "isa: ", isa_name(isa), " is not supported by this CPU/OS (",
+             features.str(), ")");
+  static const KernelTable avx2_table = make_avx2();
+  static const KernelTable avx512_table = make_avx512();
+  static const KernelTable avx512_bf16_table = make_avx512_bf16();
+  switch (isa) {
+    case Isa::reference: return reference_kernel_table();
+    case Isa::avx2: return avx2_table;
+    case Isa::avx512: return avx512_table;
+    case Isa::avx512_bf16:
+    case Isa::amx: return avx512_bf16_table;  // no AMX kernels yet: the best below it serves
+  }
+  return reference_kernel_table();
+}
+
+const KernelTable& best_kernel_table(const CpuFeatures& features) {
+  return kernel_table(best_isa(features), features);
+}
+
+}  // namespace xmoe::kernels
