@@ -15,9 +15,9 @@ namespace xmoe {
 
 struct SafetensorsEntry {
   std::string name;
-  std::string dtype;            // as written in the file: "F32", "BF16", "F8_E4M3", "U8", ...
+  std::string dtype;  // as written in the file: "F32", "BF16", "F8_E4M3", "U8", ...
   std::vector<int64_t> shape;
-  size_t begin = 0, end = 0;    // byte offsets relative to the start of the data section
+  size_t begin = 0, end = 0;  // byte offsets relative to the start of the data section
 };
 
 class SafetensorsFile {
@@ -32,7 +32,8 @@ class SafetensorsFile {
   bool contains(const std::string& name) const;
   const SafetensorsEntry& entry(const std::string& name) const;  // throws naming the file and tensor
   std::span<const std::byte> bytes(const std::string& name) const;
-  // A Tensor view (F32, F64, BF16) sharing the mapping, or a converted copy when the data is unaligned.
+  // A Tensor view (F32, F64, BF16) sharing the mapping, or a copy when the data is unaligned for the dtype.
+  // Views are read-only (the file is mapped PROT_READ): clone() before writing to the result.
   Tensor tensor(const std::string& name) const;
 
  private:
@@ -45,8 +46,9 @@ class SafetensorsFile {
   std::map<std::string, size_t> index_;
 };
 
-// Writes tensors (F32/F64/BF16) in the given order, 8-byte aligned, with string metadata. Writes to a temporary
-// file and renames it, so a failed save leaves any previous file intact.
+// Writes tensors (F32/F64/BF16) contiguously in the given order, with string metadata. The header is padded
+// with spaces so the data section starts 8-byte aligned. Writes to a temporary file and renames it, so a
+// failed save leaves any previous file intact.
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 

@@ -108,10 +108,12 @@ namespace {
 template <class Dst, class Src>
 void convert(Dst* d, const Src* s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    if constexpr (std::is_same_v<Dst, bf16>)
-      d[i] = bf16(static_cast<float>(static_cast<double>(s[i])));
+    if constexpr (std::is_same_v<Src, bf16> && std::is_same_v<Dst, bf16>)
+      d[i] = s[i];
     else if constexpr (std::is_same_v<Src, bf16>)
       d[i] = static_cast<Dst>(static_cast<float>(s[i]));
+    else if constexpr (std::is_same_v<Dst, bf16>)
+      d[i] = bf16(static_cast<float>(s[i]));
     else
       d[i] = static_cast<Dst>(s[i]);
   }

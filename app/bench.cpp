@@ -1,0 +1,206 @@
+#include "bench.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "kernels/gemm_probe.hpp"
+#include "kernels/kernels.hpp"
+#include "util/random.hpp"
+#include "xmoe/moe_layer.hpp"
+
+namespace xmoe::app {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The helloworld head: s[b, t] = Σ_m y[b, t, m]; loss = mean_b −log_softmax(s[b, :])[0]; returns the loss and
+// fills dy = ∂loss/∂y (constant over m).
+double nll_head(const Tensor& y, int64_t B, int64_t T, Tensor* dy) {
+  const int64_t O = y.dim(2);
+  std::vector<double> s(static_cast<size_t>(B * T), 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < B * T; ++r) {
+    double acc = 0;
+    for (int64_t m = 0; m < O; ++m) acc += y.get(r * O + m);
+    s[static_cast<size_t>(r)] = acc;
+  }
+  double loss = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const double* sb = s.data() + b * T;
+    const double mx = *std::max_element(sb, sb + T);
+    double z = 0;
+    for (int64_t t = 0; t < T; ++t) z += std::exp(sb[t] - mx);
+    const double lse = mx + std::log(z);
+    loss -= (sb[0] - lse) / static_cast<double>(B);
+    if (dy) {
+#pragma omp parallel for schedule(static)
+      for (int64_t t = 0; t < T; ++t) {
+        const double d = (std::exp(sb[t] - lse) - (t == 0 ? 1.0 : 0.0)) / static_cast<double>(B);
+        for (int64_t m = 0; m < O; ++m) dy->set((b * T + t) * O + m, d);
+      }
+    }
+  }
+  return loss;
+}
+
+void sgd_step(MoeLayer& layer, double lr) {
+  for (Parameter* p : layer.parameters()) {
+    const int64_t n = p->value.numel();
+    Tensor& v = p->value;
+    const Tensor& g = p->grad;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) v.set(i, v.get(i) - lr * g.get(i));
+  }
+  layer.zero_grad();
+}
+
+double expert_flops(const BenchOptions& o, int64_t rows) {
+  const double r = static_cast<double>(rows), m = static_cast<double>(o.model_dim),
+               h = static_cast<double>(o.hidden_size);
+  return o.expert_type == "swiglu" ? 2.0 * r * 3.0 * m * h : 2.0 * r * 2.0 * m * h;
+}
+
+}  // namespace
+
+int run_bench(const BenchOptions& o) {
+  XMOE_CHECK(o.top <= o.num_local_experts, "--top: must be <= --num_local_experts=", o.num_local_experts, ", got ",
+             o.top);
+  if (o.threads > 0) omp_set_num_threads(o.threads);
+
+  MoeConfig cfg;
+  cfg.model_dim = o.model_dim;
+  cfg.dtype = parse_dtype(o.dtype);
+  cfg.gate.type = o.gate_type;
+  cfg.gate.k = o.top;
+  cfg.gate.capacity_factor = o.dropless ? 0.0 : o.capacity_factor;
+  cfg.gate.gate_noise = o.gate_noise;
+  cfg.experts.type = o.expert_type;
+  cfg.experts.num_experts = o.num_local_experts;
+  cfg.experts.hidden_size = o.hidden_size;
+  cfg.experts.activation = o.activation;
+  cfg.isa = o.isa;
+  MoeLayer layer(cfg);
+
+  int64_t expert_params = 0, gate_params = 0;
+  for (Parameter* p : layer.parameters()) (p->is_expert ? expert_params : gate_params) += p->value.numel();
+  std::printf("[Statistics] param count for MoE local_experts = %lld, param count for MoE gate = %lld.\n",
+              static_cast<long long>(expert_params), static_cast<long long>(gate_params));
+  std::printf(
+      "[Benchmark] world_size = 1, dtype = %s, model_dim = %lld, hidden_size = %lld, samples = %lld, "
+      "num_local_experts = %d, topK = %d, capacity_factor = %g, execution = %s, mode = %s, device = cpu "
+      "(kernels %s, %d threads)\n",
+      o.dtype.c_str(), static_cast<long long>(o.model_dim), static_cast<long long>(o.hidden_size),
+      static_cast<long long>(o.batch_size * o.num_tokens), o.num_local_experts, o.top, cfg.gate.capacity_factor,
+      o.dropless ? "grouped" : "padded", o.eval ? "eval" : "train", layer.kernel_isa(), omp_get_max_threads());
+  std::fflush(stdout);
+
+  const Shape xs{o.batch_size, o.num_tokens, o.model_dim};
+  Tensor x = Tensor::empty(xs, cfg.dtype);
+  {
+    const CounterRng rng(o.seed, 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < x.numel(); ++i) x.set(i, rng.normal(static_cast<uint64_t>(i)));
+  }
+  Tensor dy = Tensor::empty({o.batch_size, o.num_tokens, layer.output_dim()}, cfg.dtype);
+  Switches sw;
+  sw.training = !o.eval;
+  sw.execution = o.dropless ? ExpertExecution::grouped : ExpertExecution::padded;
+
+  const double flops_per_step = static_cast<double>(o.batch_size * o.num_tokens) *
+                                static_cast<double>(o.model_dim) * static_cast<double>(o.hidden_size) * 4.0 *
+                                (o.eval ? 1.0 : 3.0) * std::min(o.top, o.num_local_experts);
+  std::vector<double> step_t, gate_t, route_t, enc_t, exp_t, dec_t, bwd_t, bwd_exp_t, exp_rate, bwd_exp_rate;
+  for (int step = 0; step < o.num_steps; ++step) {
+    const auto t0 = Clock::now();
+    ForwardResult r = layer.forward(x, sw);
+    double loss = nll_head(r.y, o.batch_size, o.num_tokens, o.eval ? nullptr : &dy);
+    loss += o.l_aux_wt * r.aux_loss;
+    if (!o.eval) {
+      layer.backward(dy, o.l_aux_wt);
+      sgd_step(layer, o.lr);
+    }
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::printf("STEP-%d: loss = %.5f, step_time = %.6f sec, perf = %.2f tflops.\n", step, loss, dt,
+                flops_per_step / dt / 1e12);
+    std::fflush(stdout);
+    if (step == 0 && o.num_steps > 1) continue;  // warm-up: buffers grow, pages fault in
+    const PhaseTimes& pt = layer.last_times();
+    int64_t rows = 0;
+    for (int64_t e = 0; e < o.num_local_experts; ++e) {
+      const auto& rt = layer.last_routing();
+      rows += o.dropless ? std::min<int64_t>(rt.expert_counts[static_cast<size_t>(e)], rt.capacity) : rt.capacity;
+    }
+    step_t.push_back(dt);
+    gate_t.push_back(pt.gate);
+    route_t.push_back(pt.routing);
+    enc_t.push_back(pt.encode);
+    exp_t.push_back(pt.experts);
+    dec_t.push_back(pt.decode);
+    exp_rate.push_back(expert_flops(o, rows) / pt.experts / 1e9);
+    if (!o.eval) {
+      bwd_t.push_back(pt.backward);
+      bwd_exp_t.push_back(pt.backward_experts);
+      bwd_exp_rate.push_back(2.0 * expert_flops(o, rows) / pt.backward_experts / 1e9);
+    }
+  }
+  const double med = median(step_t);
+  std::printf("[Summary] Median step_time = %.6f sec over %zu steps after warm-up, perf = %.2f tflops.\n", med,
+              step_t.size(), flops_per_step / med / 1e12);
+  const double rd = median(route_t) + median(enc_t) + median(dec_t);
+  std::printf(
+      "[Phases] median seconds: gate %.4f, routing %.4f, encode %.4f, experts %.4f, decode %.4f, backward %.4f "
+      "(experts %.4f); routing+encode+decode = %.2f%% of the step\n",
+      median(gate_t), median(route_t), median(enc_t), median(exp_t), median(dec_t), median(bwd_t),
+      median(bwd_exp_t), 100.0 * rd / med);
+  const kernels::KernelTable& table = kernels::kernel_table(kernels::parse_isa(layer.kernel_isa()),
+                                                            kernels::detect_cpu_features());
+  const double peak = kernels::measure_fma_peak_gflops(table, cfg.dtype);
+  std::printf("[Experts] forward %.1f GFLOP/s = %.1f%% of the measured GEMM peak %.1f GFLOP/s (%s)", median(exp_rate),
+              100.0 * median(exp_rate) / peak, peak, o.dtype.c_str());
+  if (!o.eval)
+    std::printf("; backward %.1f GFLOP/s = %.1f%%", median(bwd_exp_rate), 100.0 * median(bwd_exp_rate) / peak);
+  std::printf("\n");
+
+  if (o.measure_switching) {
+    // Time the same configuration A when every call follows a switch (B, A, B, A, ...) and when it does not.
+    Switches a = sw, b = sw;
+    a.training = b.training = false;
+    b.top_k = o.top > 1 ? 1 : std::min(2, o.num_local_experts);
+    b.capacity_factor = o.capacity_factor > 0 ? 0.0 : 1.0;
+    const int reps = 5;
+    std::vector<double> steady, switched;
+    auto time_forward = [&](const Switches& s) {
+      const auto t0 = Clock::now();
+      layer.forward(x, s);
+      return std::chrono::duration<double>(Clock::now() - t0).count();
+    };
+    time_forward(a), time_forward(b);  // warm both
+    const size_t warm_bytes = layer.workspace_bytes();
+    for (int i = 0; i < reps; ++i) steady.push_back(time_forward(a));
+    for (int i = 0; i < reps; ++i) {
+      time_forward(b);
+      switched.push_back(time_forward(a));
+    }
+    const double ms = median(steady), mw = median(switched);
+    std::printf(
+        "[Switching] forward after a top_k/capacity_factor switch: median %.6f s vs %.6f s unswitched "
+        "(%+.2f%%); workspace %zu -> %zu bytes after warm-up\n",
+        mw, ms, 100.0 * (mw - ms) / ms, warm_bytes, layer.workspace_bytes());
+  }
+  return 0;
+}
+
+}  // namespace xmoe::app

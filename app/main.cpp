@@ -1,0 +1,108 @@
+// The xmoe command line.
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "bench.hpp"
+#include "kernels/cpu_features.hpp"
+#include "xmoe/error.hpp"
+
+namespace {
+
+// CLI11's own range validators print the type's whole range; these say what is expected.
+const CLI::Validator kPositive(
+    [](std::string& s) -> std::string {
+      try {
+        size_t used = 0;
+        const long long v = std::stoll(s, &used);
+        if (used == s.size() && v > 0) return {};
+      } catch (const std::exception&) {
+      }
+      return "must be a positive integer, got '" + s + "'";
+    },
+    "POSITIVE");
+const CLI::Validator kNonNegative(
+    [](std::string& s) -> std::string {
+      try {
+        size_t used = 0;
+        const double v = std::stod(s, &used);
+        if (used == s.size() && v >= 0) return {};
+      } catch (const std::exception&) {
+      }
+      return "must be a number >= 0, got '" + s + "'";
+    },
+    "NONNEGATIVE");
+
+void add_bench_flags(CLI::App& cmd, xmoe::app::BenchOptions& o) {
+  const CLI::Validator& positive = kPositive;
+  cmd.add_option("--batch_size", o.batch_size, "sequences per step")->check(positive)->capture_default_str();
+  cmd.add_option("--num_tokens", o.num_tokens, "tokens per sequence")->check(positive)->capture_default_str();
+  cmd.add_option("--model_dim", o.model_dim, "model dimension M")->check(positive)->capture_default_str();
+  cmd.add_option("--hidden_size", o.hidden_size, "expert hidden size H")->check(positive)->capture_default_str();
+  cmd.add_option("--num_local_experts", o.num_local_experts, "experts E")->check(positive)->capture_default_str();
+  cmd.add_option("--top", o.top, "top-k")->check(positive)->capture_default_str();
+  cmd.add_option("--capacity_factor", o.capacity_factor, ">0 padded, 0 dropless, <0 capped dropless")
+      ->capture_default_str();
+  cmd.add_option("--dtype", o.dtype, "float32 | bfloat16 | float64")
+      ->check(CLI::IsMember({"float32", "bfloat16", "float64"}))
+      ->capture_default_str();
+  cmd.add_flag("--eval", o.eval, "forward only");
+  cmd.add_option("--num_steps", o.num_steps, "steps (the first is warm-up)")->check(positive)->capture_default_str();
+  cmd.add_flag("--dropless", o.dropless, "capacity_factor 0 with grouped execution (no padded rows)");
+  cmd.add_option("--expert_type", o.expert_type, "ffn | swiglu")
+      ->check(CLI::IsMember({"ffn", "swiglu"}))
+      ->capture_default_str();
+  cmd.add_option("--activation", o.activation, "ffn activation: relu | gelu | silu")
+      ->check(CLI::IsMember({"relu", "gelu", "silu"}))
+      ->capture_default_str();
+  cmd.add_option("--gate_type", o.gate_type, "top | cosine_top")
+      ->check(CLI::IsMember({"top", "cosine_top"}))
+      ->capture_default_str();
+  cmd.add_option("--gate_noise", o.gate_noise, "gate noise (training)")->check(kNonNegative);
+  cmd.add_option("--l_aux_wt", o.l_aux_wt, "aux loss weight")->capture_default_str();
+  cmd.add_option("--lr", o.lr, "SGD learning rate")->capture_default_str();
+  cmd.add_option("--threads", o.threads, "OpenMP threads (0 = default)")->check(kNonNegative);
+  cmd.add_option("--isa", o.isa, "kernel level: reference | avx2 | avx512 | avx512_bf16 (default: best)")
+      ->check(CLI::IsMember({"reference", "avx2", "avx512", "avx512_bf16", "amx"}));
+  cmd.add_flag("--measure_switching", o.measure_switching,
+               "also time forwards that switch top_k/capacity_factor every call against unswitched ones");
+  cmd.add_option("--seed", o.seed, "input seed")->capture_default_str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"xmoe: Mixture-of-Experts runtime"};
+  app.require_subcommand(1);
+  xmoe::app::BenchOptions bench;
+  CLI::App* bench_cmd = app.add_subcommand("bench", "Tutel helloworld: train or eval steps of a one-layer MoE model");
+  add_bench_flags(*bench_cmd, bench);
+  CLI::App* info_cmd = app.add_subcommand("info", "CPU features and the kernel level xmoe would use");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "xmoe: %s\n", e.what());
+    return 2;
+  }
+  try {
+    if (info_cmd->parsed()) {
+      const auto f = xmoe::kernels::detect_cpu_features();
+      std::printf("cpu features: %s\nkernel level: %s\nopenmp threads: %d\n", f.str().c_str(),
+                  xmoe::kernels::isa_name(xmoe::kernels::best_isa(f)), omp_get_max_threads());
+      return 0;
+    }
+    return xmoe::app::run_bench(bench);
+  } catch (const xmoe::Error& e) {
+    std::fprintf(stderr, "xmoe: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "xmoe: internal error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,329 @@
+#include "moe/experts.hpp"
+
+#include <cmath>
+
+#include "moe/parallel.hpp"
+#include "util/buffer.hpp"
+#include "util/random.hpp"
+#include "xmoe/error.hpp"
+
+namespace xmoe::moe {
+
+using kernels::Activation;
+
+Activation parse_activation(const std::string& name) {
+  if (name == "relu") return Activation::relu;
+  if (name == "gelu") return Activation::gelu;
+  if (name == "silu" || name == "swish") return Activation::silu;
+  if (name == "identity" || name == "none") return Activation::identity;
+  throw Error("experts.activation: unknown '" + name + "' (expected relu, gelu, silu or identity)");
+}
+
+namespace {
+
+Parameter& add_expert_param(std::vector<std::unique_ptr<Parameter>>& params, const std::string& name,
+                            const Shape& shape, DType dtype) {
+  auto p = std::make_unique<Parameter>();
+  p->name = name;
+  p->value = Tensor::zeros(shape, dtype);
+  p->grad = Tensor::zeros(shape, dtype == DType::f64 ? DType::f64 : DType::f32);
+  p->is_expert = true;
+  params.push_back(std::move(p));
+  return *params.back();
+}
+
+void init_uniform(Tensor& t, double bound, uint64_t seed, uint64_t stream) {
+  CounterRng rng(seed, stream);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, (2.0 * rng.uniform(static_cast<uint64_t>(i)) - 1.0) * bound);
+}
+
+void init_normal(Tensor& t, double stddev, uint64_t seed, uint64_t stream) {
+  CounterRng rng(seed, stream);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, stddev * rng.normal(static_cast<uint64_t>(i)));
+}
+
+template <class S>
+acc_t<S> to_acc_value(S v) {
+  if constexpr (std::is_same_v<S, bf16>)
+    return static_cast<float>(v);
+  else
+    return v;
+}
+
+// An Acc-typed buffer that aliases S storage when the types agree, so f32/f64 skip conversions.
+template <class S>
+struct StagedRows {
+  using Acc = acc_t<S>;
+  Buffer<Acc> acc;
+  Buffer<S> store;
+  Acc* acc_for(S* dst, size_t n) {
+    if constexpr (std::is_same_v<S, Acc>)
+      return dst;
+    else
+      return acc.ensure(n);
+  }
+  size_t bytes() const { return acc.bytes() + store.bytes(); }
+};
+
+// Tutel's FusedExpertsNetwork: y = act(x W1ᵀ + b1) W2 + b2, W1 [E, H, M], W2 [E, H, O].
+template <class S>
+class FfnExperts final : public Experts<S> {
+ public:
+  using Acc = acc_t<S>;
+  FfnExperts(const MoeConfig& c, std::vector<std::unique_ptr<Parameter>>& params)
+      : E_(c.experts.num_experts),
+        M_(c.model_dim),
+        H_(c.experts.hidden_size),
+        O_(c.experts.output_dim > 0 ? c.experts.output_dim : c.model_dim),
+        act_(parse_activation(c.experts.activation)) {
+    w1_ = &add_expert_param(params, "experts.batched_fc1_w", {E_, H_, M_}, c.dtype);
+    w2_ = &add_expert_param(params, "experts.batched_fc2_w", {E_, H_, O_}, c.dtype);
+    if (c.experts.has_fc1_bias) b1_ = &add_expert_param(params, "experts.batched_fc1_bias", {E_, H_}, c.dtype);
+    if (c.experts.has_fc2_bias) b2_ = &add_expert_param(params, "experts.batched_fc2_bias", {E_, O_}, c.dtype);
+    init_uniform(w1_->value, 1.0 / std::sqrt(static_cast<double>(M_)), c.seed_experts, 0);
+    init_uniform(w2_->value, 1.0 / std::sqrt(static_cast<double>(H_)), c.seed_experts, 1);
+  }
+  int64_t output_dim() const override { return O_; }
+
+  void forward(const Ops<S>& ops, const S* x, std::span<const int64_t> off, S* y) override {
+    const int64_t R = off[static_cast<size_t>(E_)];
+    Acc* pre = pre_.ensure(static_cast<size_t>(R * H_));
+    S* a = act_out_.ensure(static_cast<size_t>(R * H_));
+    Acc* a_acc = act_stage_.acc_for(a, static_cast<size_t>(R * H_));
+    Acc* y_acc = out_stage_.acc_for(y, static_cast<size_t>(R * O_));
+    const Acc* b1 = bias_acc(ops, b1_, H_, b1_acc_);
+    const Acc* b2 = bias_acc(ops, b2_, O_, b2_acc_);
+    for (int64_t e = 0; e < E_; ++e) {
+      const int64_t r0 = off[static_cast<size_t>(e)], r = off[static_cast<size_t>(e) + 1] - r0;
+      if (r == 0) continue;
+      ops.gemm(gemm_args<S, Acc>(r, H_, M_, x + r0 * M_, M_, false, w1_->value.data<S>() + e * H_ * M_, M_, true,
+                                 pre + r0 * H_, H_, false));
+      parallel_rows(r, 16, [&](int64_t i0, int64_t i1) {
+        Acc* p = pre + (r0 + i0) * H_;
+        ops.bias_act(Activation::identity, p, b1 ? b1 + e * H_ : nullptr, p, i1 - i0, H_);
+        ops.bias_act(act_, p, nullptr, a_acc + (r0 + i0) * H_, i1 - i0, H_);
+        if constexpr (!std::is_same_v<S, Acc>) ops.to_storage(a_acc + (r0 + i0) * H_, a + (r0 + i0) * H_, (i1 - i0) * H_);
+      });
+      ops.gemm(gemm_args<S, Acc>(r, O_, H_, a + r0 * H_, H_, false, w2_->value.data<S>() + e * H_ * O_, O_, false,
+                                 y_acc + r0 * O_, O_, false));
+      parallel_rows(r, 16, [&](int64_t i0, int64_t i1) {
+        Acc* q = y_acc + (r0 + i0) * O_;
+        if (b2) ops.bias_act(Activation::identity, q, b2 + e * O_, q, i1 - i0, O_);
+        if constexpr (!std::is_same_v<S, Acc>) ops.to_storage(q, y + (r0 + i0) * O_, (i1 - i0) * O_);
+      });
+    }
+  }
+
+  void backward(const Ops<S>& ops, const S* x, const S* dy, std::span<const int64_t> off, Acc* dx) override {
+    const int64_t R = off[static_cast<size_t>(E_)];
+    Acc* dh = dh_.ensure(static_cast<size_t>(R * H_));
+    S* dh_s = dh_stage_.store.ensure(static_cast<size_t>(R * H_));
+    const Acc* pre = pre_.data();
+    const S* a = act_out_.data();
+    for (int64_t e = 0; e < E_; ++e) {
+      const int64_t r0 = off[static_cast<size_t>(e)], r = off[static_cast<size_t>(e) + 1] - r0;
+      if (r == 0) continue;
+      const S* dy_e = dy + r0 * O_;
+      if (b2_) column_sums(dy_e, r, O_, b2_->grad.data<Acc>() + e * O_, to_acc_value<S>);
+      ops.gemm(gemm_args<S, Acc>(r, H_, O_, dy_e, O_, false, w2_->value.data<S>() + e * H_ * O_, O_, true,
+                                 dh + r0 * H_, H_, false));
+      ops.gemm(gemm_args<S, Acc>(H_, O_, r, a + r0 * H_, H_, true, dy_e, O_, false,
+                                 w2_->grad.data<Acc>() + e * H_ * O_, O_, true));
+      parallel_rows(r, 16, [&](int64_t i0, int64_t i1) {
+        Acc* d = dh + (r0 + i0) * H_;
+        ops.act_backward(act_, pre + (r0 + i0) * H_, d, d, (i1 - i0) * H_);
+        if constexpr (!std::is_same_v<S, Acc>) ops.to_storage(d, dh_s + (r0 + i0) * H_, (i1 - i0) * H_);
+      });
+      if (b1_) column_sums(dh + r0 * H_, r, H_, b1_->grad.data<Acc>() + e * H_, [](Acc v) { return v; });
+      const S* dhs = std::is_same_v<S, Acc> ? reinterpret_cast<const S*>(dh) : dh_s;
+      ops.gemm(gemm_args<S, Acc>(H_, M_, r, dhs + r0 * H_, H_, true, x + r0 * M_, M_, false,
+                                 w1_->grad.data<Acc>() + e * H_ * M_, M_, true));
+      ops.gemm(gemm_args<S, Acc>(r, M_, H_, dhs + r0 * H_, H_, false, w1_->value.data<S>() + e * H_ * M_, M_, false,
+                                 dx + r0 * M_, M_, false));
+    }
+  }
+
+  size_t workspace_bytes() const override {
+    return pre_.bytes() + act_out_.bytes() + act_stage_.bytes() + out_stage_.bytes() + dh_.bytes() +
+           dh_stage_.bytes() + b1_acc_.bytes() + b2_acc_.bytes();
+  }
+
+ private:
+  static const Acc* bias_acc(const Ops<S>& ops, Parameter* b, int64_t n, Buffer<Acc>& buf) {
+    if (!b) return nullptr;
+    if constexpr (std::is_same_v<S, Acc>) {
+      (void)ops, (void)n, (void)buf;
+      return b->value.data<S>();
+    } else {
+      Acc* out = buf.ensure(static_cast<size_t>(b->value.numel()));
+      ops.to_acc(b->value.data<S>(), out, b->value.numel());
+      return out;
+    }
+  }
+
+  int64_t E_, M_, H_, O_;
+  Activation act_;
+  Parameter *w1_ = nullptr, *w2_ = nullptr, *b1_ = nullptr, *b2_ = nullptr;
+  Buffer<Acc> pre_, dh_, b1_acc_, b2_acc_;
+  Buffer<S> act_out_;
+  StagedRows<S> act_stage_, out_stage_, dh_stage_;
+};
+
+// SwiGLU experts in Hugging Face layout: y = (silu(x Gᵀ) ⊙ x Uᵀ) Dᵀ, G/U [E, H, M], D [E, M, H], no biases.
+template <class S>
+class SwigluExperts final : public Experts<S> {
+ public:
+  using Acc = acc_t<S>;
+  SwigluExperts(const MoeConfig& c, std::vector<std::unique_ptr<Parameter>>& params)
+      : E_(c.experts.num_experts), M_(c.model_dim), H_(c.experts.hidden_size) {
+    gate_ = &add_expert_param(params, "experts.gate_proj", {E_, H_, M_}, c.dtype);
+    up_ = &add_expert_param(params, "experts.up_proj", {E_, H_, M_}, c.dtype);
+    down_ = &add_expert_param(params, "experts.down_proj", {E_, M_, H_}, c.dtype);
+    init_normal(gate_->value, 0.01, c.seed_experts, 0);
+    init_normal(up_->value, 0.01, c.seed_experts, 1);
+    init_normal(down_->value, 0.01, c.seed_experts, 2);
+  }
+  int64_t output_dim() const override { return M_; }
+
+  void forward(const Ops<S>& ops, const S* x, std::span<const int64_t> off, S* y) override {
+    const int64_t R = off[static_cast<size_t>(E_)];
+    Acc* g = g_.ensure(static_cast<size_t>(R * H_));
+    Acc* u = u_.ensure(static_cast<size_t>(R * H_));
+    S* a = a_.ensure(static_cast<size_t>(R * H_));
+    Acc* a_acc = a_stage_.acc_for(a, static_cast<size_t>(R * H_));
+    Acc* y_acc = y_stage_.acc_for(y, static_cast<size_t>(R * M_));
+    for (int64_t e = 0; e < E_; ++e) {
+      const int64_t r0 = off[static_cast<size_t>(e)], r = off[static_cast<size_t>(e) + 1] - r0;
+      if (r == 0) continue;
+      const S* xe = x + r0 * M_;
+      ops.gemm(gemm_args<S, Acc>(r, H_, M_, xe, M_, false, gate_->value.data<S>() + e * H_ * M_, M_, true,
+                                 g + r0 * H_, H_, false));
+      ops.gemm(gemm_args<S, Acc>(r, H_, M_, xe, M_, false, up_->value.data<S>() + e * H_ * M_, M_, true,
+                                 u + r0 * H_, H_, false));
+      parallel_rows(r, 16, [&](int64_t i0, int64_t i1) {
+        const int64_t o = (r0 + i0) * H_, n = (i1 - i0) * H_;
+        ops.silu_mul(g + o, u + o, a_acc + o, n);
+        if constexpr (!std::is_same_v<S, Acc>) ops.to_storage(a_acc + o, a + o, n);
+      });
+      ops.gemm(gemm_args<S, Acc>(r, M_, H_, a + r0 * H_, H_, false, down_->value.data<S>() + e * M_ * H_, H_, true,
+                                 y_acc + r0 * M_, M_, false));
+      if constexpr (!std::is_same_v<S, Acc>) {
+        parallel_rows(r, 16, [&](int64_t i0, int64_t i1) {
+          ops.to_storage(y_acc + (r0 + i0) * M_, y + (r0 + i0) * M_, (i1 - i0) * M_);
+        });
+      }
+    }
+  }
+
+  void backward(const Ops<S>& ops, const S* x, const S* dy, std::span<const int64_t> off, Acc* dx) override {
+    const int64_t R = off[static_cast<size_t>(E_)];
+    Acc* da = da_.ensure(static_cast<size_t>(R * H_));
+    Acc* dg = dg_.ensure(static_cast<size_t>(R * H_));
+    Acc* du = du_.ensure(static_cast<size_t>(R * H_));
+    S* dg_s = dg_stage_.store.ensure(static_cast<size_t>(R * H_));
+    S* du_s = du_stage_.store.ensure(static_cast<size_t>(R * H_));
+    for (int64_t e = 0; e < E_; ++e) {
+      const int64_t r0 = off[static_cast<size_t>(e)], r = off[static_cast<size_t>(e) + 1] - r0;
+      if (r == 0) continue;
+      const S* dy_e = dy + r0 * M_;
+      const S* xe = x + r0 * M_;
+      ops.gemm(gemm_args<S, Acc>(r, H_, M_, dy_e, M_, false, down_->value.data<S>() + e * M_ * H_, H_, false,
+                                 da + r0 * H_, H_, false));
+      ops.gemm(gemm_args<S, Acc>(M_, H_, r, dy_e, M_, true, a_.data() + r0 * H_, H_, false,
+                                 down_->grad.data<Acc>() + e * M_ * H_, H_, true));
+      parallel_rows(r, 16, [&](int64_t i0, int64_t i1) {
+        const int64_t o = (r0 + i0) * H_, n = (i1 - i0) * H_;
+        ops.silu_mul_backward(g_.data() + o, u_.data() + o, da + o, dg + o, du + o, n);
+        if constexpr (!std::is_same_v<S, Acc>) {
+          ops.to_storage(dg + o, dg_s + o, n);
+          ops.to_storage(du + o, du_s + o, n);
+        }
+      });
+      const S* dgs = std::is_same_v<S, Acc> ? reinterpret_cast<const S*>(dg) : dg_s;
+      const S* dus = std::is_same_v<S, Acc> ? reinterpret_cast<const S*>(du) : du_s;
+      ops.gemm(gemm_args<S, Acc>(H_, M_, r, dgs + r0 * H_, H_, true, xe, M_, false,
+                                 gate_->grad.data<Acc>() + e * H_ * M_, M_, true));
+      ops.gemm(gemm_args<S, Acc>(H_, M_, r, dus + r0 * H_, H_, true, xe, M_, false,
+                                 up_->grad.data<Acc>() + e * H_ * M_, M_, true));
+      ops.gemm(gemm_args<S, Acc>(r, M_, H_, dgs + r0 * H_, H_, false, gate_->value.data<S>() + e * H_ * M_, M_,
+                                 false, dx + r0 * M_, M_, false));
+      ops.gemm(gemm_args<S, Acc>(r, M_, H_, dus + r0 * H_, H_, false, up_->value.data<S>() + e * H_ * M_, M_, false,
+                                 dx + r0 * M_, M_, true));
+    }
+  }
+
+  size_t workspace_bytes() const override {
+    return g_.bytes() + u_.bytes() + a_.bytes() + a_stage_.bytes() + y_stage_.bytes() + da_.bytes() + dg_.bytes() +
+           du_.bytes() + dg_stage_.bytes() + du_stage_.bytes();
+  }
+
+ private:
+  int64_t E_, M_, H_;
+  Parameter *gate_, *up_, *down_;
+  Buffer<Acc> g_, u_, da_, dg_, du_;
+  Buffer<S> a_;
+  StagedRows<S> a_stage_, y_stage_, dg_stage_, du_stage_;
+};
+
+// A user's CustomExpert behind the same interface; its tensors are views of the layer's buffers.
+template <class S>
+class CustomExperts final : public Experts<S> {
+ public:
+  using Acc = acc_t<S>;
+  CustomExperts(const MoeConfig& c, std::vector<std::unique_ptr<Parameter>>& params)
+      : custom_(c.experts.custom), M_(c.model_dim), O_(custom_->output_dim(c.model_dim)), dtype_(c.dtype) {
+    XMOE_CHECK(O_ > 0, "experts.custom: output_dim() must be positive, got ", O_);
+    for (Parameter* p : custom_->parameters()) {
+      XMOE_CHECK(p != nullptr, "experts.custom: parameters() returned a null parameter");
+      auto copy = std::make_unique<Parameter>(*p);  // shares storage with the custom expert's tensors
+      copy->is_expert = true;
+      params.push_back(std::move(copy));
+    }
+  }
+  int64_t output_dim() const override { return O_; }
+  void forward(const Ops<S>&, const S* x, std::span<const int64_t> off, S* y) override {
+    const int64_t R = off.back();
+    Tensor xt = Tensor::wrap(const_cast<S*>(x), {R, M_}, dtype_, nullptr);
+    Tensor yt = Tensor::wrap(y, {R, O_}, dtype_, nullptr);
+    custom_->forward(xt, off, yt);
+    XMOE_CHECK(yt.raw() == y && yt.dim(0) == R && yt.dim(1) == O_,
+               "experts.custom: forward must write into the given y [", R, ", ", O_, "]");
+  }
+  void backward(const Ops<S>& ops, const S*, const S* dy, std::span<const int64_t> off, Acc* dx) override {
+    const int64_t R = off.back();
+    S* dxs = dx_store_.ensure(static_cast<size_t>(R * M_));
+    Tensor dyt = Tensor::wrap(const_cast<S*>(dy), {R, O_}, dtype_, nullptr);
+    Tensor dxt = Tensor::wrap(dxs, {R, M_}, dtype_, nullptr);
+    custom_->backward(dyt, off, dxt);
+    ops.to_acc(dxs, dx, R * M_);
+  }
+  size_t workspace_bytes() const override { return dx_store_.bytes(); }
+
+ private:
+  std::shared_ptr<CustomExpert> custom_;
+  int64_t M_, O_;
+  DType dtype_;
+  Buffer<S> dx_store_;
+};
+
+}  // namespace
+
+template <class S>
+std::unique_ptr<Experts<S>> make_experts(const MoeConfig& c, std::vector<std::unique_ptr<Parameter>>& params) {
+  const std::string& type = c.experts.type;
+  if (type == "ffn") return std::make_unique<FfnExperts<S>>(c, params);
+  if (type == "swiglu") return std::make_unique<SwigluExperts<S>>(c, params);
+  if (type == "custom") {
+    XMOE_CHECK(c.experts.custom != nullptr, "experts.custom: type 'custom' needs an expert object");
+    return std::make_unique<CustomExperts<S>>(c, params);
+  }
+  throw Error("experts.type: unknown '" + type + "' (expected ffn, swiglu or custom)");
+}
+
+template std::unique_ptr<Experts<float>> make_experts<float>(const MoeConfig&,
+                                                             std::vector<std::unique_ptr<Parameter>>&);
+template std::unique_ptr<Experts<bf16>> make_experts<bf16>(const MoeConfig&, std::vector<std::unique_ptr<Parameter>>&);
+template std::unique_ptr<Experts<double>> make_experts<double>(const MoeConfig&,
+                                                               std::vector<std::unique_ptr<Parameter>>&);
+
+}  // namespace xmoe::moe

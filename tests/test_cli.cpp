@@ -1,0 +1,69 @@
+// The xmoe command line as a user runs it: exit codes and messages.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace {
+
+struct CliRun {
+  int code = -1;
+  std::string output;  // stdout and stderr
+};
+
+CliRun run_cli(const std::string& args) {
+  const char* cli = std::getenv("XMOE_CLI");
+  EXPECT_NE(cli, nullptr) << "XMOE_CLI must name the xmoe binary (set by CTest)";
+  CliRun r;
+  if (!cli) return r;
+  const std::string cmd = std::string(cli) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(Cli, BenchRunsSmallTrainingAndPrintsTutelLines) {
+  CliRun r = run_cli("bench --batch_size 2 --num_tokens 16 --model_dim 32 --hidden_size 24 --num_local_experts 4 "
+                  "--num_steps 3 --threads 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[Statistics] param count for MoE local_experts = 6368"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("STEP-2: loss = "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[Summary]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[Phases]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[Experts]"), std::string::npos) << r.output;
+}
+
+TEST(Cli, BenchEvalDroplessBf16AndSwitching) {
+  CliRun r = run_cli("bench --batch_size 2 --num_tokens 16 --model_dim 32 --hidden_size 24 --num_steps 2 --eval "
+                  "--dropless --dtype bfloat16 --expert_type swiglu --measure_switching");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("execution = grouped"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[Switching]"), std::string::npos) << r.output;
+}
+
+TEST(Cli, BadFlagsExitTwoWithTheMessage) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"bench --top 0", "--top"},
+      {"bench --top 3 --num_local_experts 2", "--top"},
+      {"bench --model_dim -5", "--model_dim"},
+      {"bench --dtype float16", "--dtype"},
+      {"bench --no_such_flag", "--no_such_flag"},
+      {"bench --num_steps x", "--num_steps"},
+      {"bench --expert_type moe", "--expert_type"},
+  };
+  for (auto [args, needle] : cases) {
+    CliRun r = run_cli(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\n" << r.output;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Installs what xmoe needs to build and test on Debian 12 (bookworm).
+set -euo pipefail
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends \
+  g++ cmake make libgomp1 libgtest-dev nlohmann-json3-dev libcli11-dev >/dev/null
