@@ -76,8 +76,8 @@ double expert_flops(const BenchOptions& o, int64_t rows) {
 }  // namespace
 
 int run_bench(const BenchOptions& o) {
-  XMOE_CHECK(o.top <= o.num_local_experts, "--top: must be <= --num_local_experts=", o.num_local_experts, ", got ",
-             o.top);
+  XMOE_CHECK(o.top <= o.num_local_experts, "--top: must be <= --num_local_experts=", o.num_local_experts,
+             ", got ", o.top);
   if (o.threads > 0) omp_set_num_threads(o.threads);
 
   MoeConfig cfg;
@@ -103,8 +103,9 @@ int run_bench(const BenchOptions& o) {
       "num_local_experts = %d, topK = %d, capacity_factor = %g, execution = %s, mode = %s, device = cpu "
       "(kernels %s, %d threads)\n",
       o.dtype.c_str(), static_cast<long long>(o.model_dim), static_cast<long long>(o.hidden_size),
-      static_cast<long long>(o.batch_size * o.num_tokens), o.num_local_experts, o.top, cfg.gate.capacity_factor,
-      o.dropless ? "grouped" : "padded", o.eval ? "eval" : "train", layer.kernel_isa(), omp_get_max_threads());
+      static_cast<long long>(o.batch_size * o.num_tokens), o.num_local_experts, o.top,
+      cfg.gate.capacity_factor, o.dropless ? "grouped" : "padded", o.eval ? "eval" : "train",
+      layer.kernel_isa(), omp_get_max_threads());
   std::fflush(stdout);
 
   const Shape xs{o.batch_size, o.num_tokens, o.model_dim};
@@ -141,7 +142,8 @@ int run_bench(const BenchOptions& o) {
     int64_t rows = 0;
     for (int64_t e = 0; e < o.num_local_experts; ++e) {
       const auto& rt = layer.last_routing();
-      rows += o.dropless ? std::min<int64_t>(rt.expert_counts[static_cast<size_t>(e)], rt.capacity) : rt.capacity;
+      rows +=
+          o.dropless ? std::min<int64_t>(rt.expert_counts[static_cast<size_t>(e)], rt.capacity) : rt.capacity;
     }
     step_t.push_back(dt);
     gate_t.push_back(pt.gate);
@@ -157,21 +159,23 @@ int run_bench(const BenchOptions& o) {
     }
   }
   const double med = median(step_t);
-  std::printf("[Summary] Median step_time = %.6f sec over %zu steps after warm-up, perf = %.2f tflops.\n", med,
-              step_t.size(), flops_per_step / med / 1e12);
+  std::printf("[Summary] Median step_time = %.6f sec over %zu steps after warm-up, perf = %.2f tflops.\n",
+              med, step_t.size(), flops_per_step / med / 1e12);
   const double rd = median(route_t) + median(enc_t) + median(dec_t);
   std::printf(
-      "[Phases] median seconds: gate %.4f, routing %.4f, encode %.4f, experts %.4f, decode %.4f, backward %.4f "
+      "[Phases] median seconds: gate %.4f, routing %.4f, encode %.4f, experts %.4f, decode %.4f, backward "
+      "%.4f "
       "(experts %.4f); routing+encode+decode = %.2f%% of the step\n",
       median(gate_t), median(route_t), median(enc_t), median(exp_t), median(dec_t), median(bwd_t),
       median(bwd_exp_t), 100.0 * rd / med);
-  const kernels::KernelTable& table = kernels::kernel_table(kernels::parse_isa(layer.kernel_isa()),
-                                                            kernels::detect_cpu_features());
+  const kernels::KernelTable& table =
+      kernels::kernel_table(kernels::parse_isa(layer.kernel_isa()), kernels::detect_cpu_features());
   const double peak = kernels::measure_fma_peak_gflops(table, cfg.dtype);
-  std::printf("[Experts] forward %.1f GFLOP/s = %.1f%% of the measured GEMM peak %.1f GFLOP/s (%s)", median(exp_rate),
-              100.0 * median(exp_rate) / peak, peak, o.dtype.c_str());
+  std::printf("[Experts] forward %.1f GFLOP/s = %.1f%% of the measured GEMM peak %.1f GFLOP/s (%s)",
+              median(exp_rate), 100.0 * median(exp_rate) / peak, peak, o.dtype.c_str());
   if (!o.eval)
-    std::printf("; backward %.1f GFLOP/s = %.1f%%", median(bwd_exp_rate), 100.0 * median(bwd_exp_rate) / peak);
+    std::printf("; backward %.1f GFLOP/s = %.1f%%", median(bwd_exp_rate),
+                100.0 * median(bwd_exp_rate) / peak);
   std::printf("\n");
 
   if (o.measure_switching) {

@@ -40,8 +40,12 @@ void add_bench_flags(CLI::App& cmd, xmoe::app::BenchOptions& o) {
   cmd.add_option("--batch_size", o.batch_size, "sequences per step")->check(positive)->capture_default_str();
   cmd.add_option("--num_tokens", o.num_tokens, "tokens per sequence")->check(positive)->capture_default_str();
   cmd.add_option("--model_dim", o.model_dim, "model dimension M")->check(positive)->capture_default_str();
-  cmd.add_option("--hidden_size", o.hidden_size, "expert hidden size H")->check(positive)->capture_default_str();
-  cmd.add_option("--num_local_experts", o.num_local_experts, "experts E")->check(positive)->capture_default_str();
+  cmd.add_option("--hidden_size", o.hidden_size, "expert hidden size H")
+      ->check(positive)
+      ->capture_default_str();
+  cmd.add_option("--num_local_experts", o.num_local_experts, "experts E")
+      ->check(positive)
+      ->capture_default_str();
   cmd.add_option("--top", o.top, "top-k")->check(positive)->capture_default_str();
   cmd.add_option("--capacity_factor", o.capacity_factor, ">0 padded, 0 dropless, <0 capped dropless")
       ->capture_default_str();
@@ -49,7 +53,9 @@ void add_bench_flags(CLI::App& cmd, xmoe::app::BenchOptions& o) {
       ->check(CLI::IsMember({"float32", "bfloat16", "float64"}))
       ->capture_default_str();
   cmd.add_flag("--eval", o.eval, "forward only");
-  cmd.add_option("--num_steps", o.num_steps, "steps (the first is warm-up)")->check(positive)->capture_default_str();
+  cmd.add_option("--num_steps", o.num_steps, "steps (the first is warm-up)")
+      ->check(positive)
+      ->capture_default_str();
   cmd.add_flag("--dropless", o.dropless, "capacity_factor 0 with grouped execution (no padded rows)");
   cmd.add_option("--expert_type", o.expert_type, "ffn | swiglu")
       ->check(CLI::IsMember({"ffn", "swiglu"}))
@@ -77,7 +83,8 @@ int main(int argc, char** argv) {
   CLI::App app{"xmoe: Mixture-of-Experts runtime"};
   app.require_subcommand(1);
   xmoe::app::BenchOptions bench;
-  CLI::App* bench_cmd = app.add_subcommand("bench", "Tutel helloworld: train or eval steps of a one-layer MoE model");
+  CLI::App* bench_cmd =
+      app.add_subcommand("bench", "Tutel helloworld: train or eval steps of a one-layer MoE model");
   add_bench_flags(*bench_cmd, bench);
   CLI::App* info_cmd = app.add_subcommand("info", "CPU features and the kernel level xmoe would use");
   try {

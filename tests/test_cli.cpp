@@ -31,10 +31,12 @@ CliRun run_cli(const std::string& args) {
 }
 
 TEST(Cli, BenchRunsSmallTrainingAndPrintsTutelLines) {
-  CliRun r = run_cli("bench --batch_size 2 --num_tokens 16 --model_dim 32 --hidden_size 24 --num_local_experts 4 "
-                  "--num_steps 3 --threads 1");
+  CliRun r = run_cli(
+      "bench --batch_size 2 --num_tokens 16 --model_dim 32 --hidden_size 24 --num_local_experts 4 "
+      "--num_steps 3 --threads 1");
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("[Statistics] param count for MoE local_experts = 6368"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[Statistics] param count for MoE local_experts = 6368"), std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("STEP-2: loss = "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[Summary]"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[Phases]"), std::string::npos) << r.output;
@@ -42,8 +44,9 @@ TEST(Cli, BenchRunsSmallTrainingAndPrintsTutelLines) {
 }
 
 TEST(Cli, BenchEvalDroplessBf16AndSwitching) {
-  CliRun r = run_cli("bench --batch_size 2 --num_tokens 16 --model_dim 32 --hidden_size 24 --num_steps 2 --eval "
-                  "--dropless --dtype bfloat16 --expert_type swiglu --measure_switching");
+  CliRun r = run_cli(
+      "bench --batch_size 2 --num_tokens 16 --model_dim 32 --hidden_size 24 --num_steps 2 --eval "
+      "--dropless --dtype bfloat16 --expert_type swiglu --measure_switching");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("execution = grouped"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[Switching]"), std::string::npos) << r.output;

@@ -36,6 +36,12 @@ Tensor random_tensor(const Shape& s, DType dtype, uint64_t seed, double scale = 
   return t;
 }
 
+Switches top_k_only(int k) {
+  Switches s;
+  s.top_k = k;
+  return s;
+}
+
 bool bit_equal(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
@@ -62,7 +68,8 @@ void expect_same_bits(const RunResult& a, const RunResult& b, const std::string&
   EXPECT_TRUE(bit_equal(a.dx, b.dx)) << what << ": dx";
   EXPECT_EQ(a.aux, b.aux) << what << ": aux";
   ASSERT_EQ(a.grads.size(), b.grads.size());
-  for (size_t i = 0; i < a.grads.size(); ++i) EXPECT_TRUE(bit_equal(a.grads[i], b.grads[i])) << what << ": grad " << i;
+  for (size_t i = 0; i < a.grads.size(); ++i)
+    EXPECT_TRUE(bit_equal(a.grads[i], b.grads[i])) << what << ": grad " << i;
 }
 
 TEST(MoeLayer, SwitchingTopKAndCapacityMatchesFreshLayers) {
@@ -71,8 +78,8 @@ TEST(MoeLayer, SwitchingTopKAndCapacityMatchesFreshLayers) {
   Tensor x = random_tensor({T, base.model_dim}, DType::f32, 11);
   Tensor dy = random_tensor({T, base.model_dim}, DType::f32, 12);
   MoeLayer switching(base);
-  const std::vector<std::pair<int, double>> schedule = {{2, 1.0}, {1, 0.0}, {4, -0.5}, {2, 0.5}, {1, 1.25},
-                                                        {3, 0.0}, {2, -2.0}, {2, 1.0}};
+  const std::vector<std::pair<int, double>> schedule = {{2, 1.0},  {1, 0.0}, {4, -0.5}, {2, 0.5},
+                                                        {1, 1.25}, {3, 0.0}, {2, -2.0}, {2, 1.0}};
   for (auto [k, cf] : schedule) {
     Switches sw;
     sw.top_k = k;
@@ -93,7 +100,8 @@ TEST(MoeLayer, NoWorkspaceGrowthAfterWarmupWhenSwitching) {
   Tensor x = random_tensor({T, 12}, DType::f32, 1);
   Tensor dy = random_tensor({T, 12}, DType::f32, 2);
   const std::vector<std::pair<int, double>> schedule = {{4, 0.0}, {1, 1.0}, {2, -1.0}, {3, 2.0}};
-  for (auto [k, cf] : schedule) run(layer, x, dy, Switches{k, cf});  // warm-up over every configuration
+  for (auto [k, cf] : schedule)
+    run(layer, x, dy, Switches{.top_k = k, .capacity_factor = cf});  // warm-up over every configuration
   const size_t warm = layer.workspace_bytes();
   for (int rep = 0; rep < 3; ++rep)
     for (auto [k, cf] : schedule) {
@@ -208,7 +216,8 @@ void check_finite_differences(MoeConfig c, const Switches& sw, const std::string
       value.set(i, v - h);
       const double lm = objective();
       value.set(i, v);
-      if (!same_routing || layer.last_routing().expert_ids != ids) continue;  // a selection flipped: not smooth
+      if (!same_routing || layer.last_routing().expert_ids != ids)
+        continue;  // a selection flipped: not smooth
       const double fd = (lp - lm) / (2 * h), an = grad.get(i);
       EXPECT_NEAR(an, fd, 1e-6 * std::max(1.0, std::fabs(fd))) << what << ": " << name << "[" << i << "]";
     }
@@ -225,24 +234,30 @@ TEST(MoeLayer, FiniteDifferencesF64) {
   };
   std::vector<Case> cases = {
       {"top ffn gelu postscore k2 cf1", [](MoeConfig&) {}, {}},
-      {"top ffn relu not-postscore", [](MoeConfig& c) { c.is_postscore = false, c.experts.activation = "relu"; }, {}},
-      {"top ffn silu no-normalize", [](MoeConfig& c) { c.normalize_gate = false, c.experts.activation = "silu"; }, {}},
+      {"top ffn relu not-postscore",
+       [](MoeConfig& c) { c.is_postscore = false, c.experts.activation = "relu"; },
+       {}},
+      {"top ffn silu no-normalize",
+       [](MoeConfig& c) { c.normalize_gate = false, c.experts.activation = "silu"; },
+       {}},
       {"top ffn no biases output_dim 7",
-       [](MoeConfig& c) { c.experts.has_fc1_bias = c.experts.has_fc2_bias = false, c.experts.output_dim = 7; },
+       [](MoeConfig& c) {
+         c.experts.has_fc1_bias = c.experts.has_fc2_bias = false, c.experts.output_dim = 7;
+       },
        {}},
-      {"top swiglu dropless", [](MoeConfig& c) { c.experts.type = "swiglu"; }, Switches{0, 0.0}},
-      {"cosine ffn k1", [](MoeConfig& c) { c.gate.type = "cosine_top", c.gate.proj_dim = 6; }, Switches{1}},
+      {"top swiglu dropless", [](MoeConfig& c) { c.experts.type = "swiglu"; },
+       Switches{.top_k = 0, .capacity_factor = 0.0}},
+      {"cosine ffn k1", [](MoeConfig& c) { c.gate.type = "cosine_top", c.gate.proj_dim = 6; }, top_k_only(1)},
       {"cosine swiglu not-postscore k4",
-       [](MoeConfig& c) { c.gate.type = "cosine_top", c.gate.proj_dim = 6, c.experts.type = "swiglu",
-                          c.is_postscore = false; },
-       Switches{4}},
+       [](MoeConfig& c) {
+         c.gate.type = "cosine_top", c.gate.proj_dim = 6, c.experts.type = "swiglu", c.is_postscore = false;
+       },
+       top_k_only(4)},
       {"gshard with noise", [](MoeConfig& c) { c.gate.gate_noise = 1.0; }, {}},
-      {"importance+load loss",
-       [](MoeConfig& c) { c.gate.gate_noise = 1.0, c.is_gshard_loss = false; },
-       {}},
+      {"importance+load loss", [](MoeConfig& c) { c.gate.gate_noise = 1.0, c.is_gshard_loss = false; }, {}},
       {"bpr capped dropless grouped", [](MoeConfig& c) { c.batch_prioritized_routing = true; },
-       Switches{2, -0.5, ExpertExecution::grouped}},
-      {"drops cf 0.5", [](MoeConfig&) {}, Switches{2, 0.5}},
+       Switches{.top_k = 2, .capacity_factor = -0.5, .execution = ExpertExecution::grouped}},
+      {"drops cf 0.5", [](MoeConfig&) {}, Switches{.top_k = 2, .capacity_factor = 0.5}},
   };
   for (auto& tc : cases) {
     MoeConfig c = small_config(DType::f64);
@@ -265,7 +280,8 @@ class ScaleExpert final : public CustomExpert {
     x_ = x;
     for (int e = 0; e < experts_; ++e)
       for (int64_t r = off[static_cast<size_t>(e)]; r < off[static_cast<size_t>(e) + 1]; ++r)
-        for (int64_t m = 0; m < dim_; ++m) y.set(r * dim_ + m, x.get(r * dim_ + m) * p_.value.get(e * dim_ + m));
+        for (int64_t m = 0; m < dim_; ++m)
+          y.set(r * dim_ + m, x.get(r * dim_ + m) * p_.value.get(e * dim_ + m));
   }
   void backward(const Tensor& dy, std::span<const int64_t> off, Tensor& dx) override {
     for (int e = 0; e < experts_; ++e)
@@ -294,7 +310,7 @@ TEST(MoeLayer, CustomExpertForwardAndGradients) {
     MoeLayer layer(c);
     const int64_t T = 9;
     Tensor x = random_tensor({T, 6}, DType::f64, 7);
-    ForwardResult r = layer.forward(x, Switches{2, 0.0});
+    ForwardResult r = layer.forward(x, Switches{.top_k = 2, .capacity_factor = 0.0});
     const RoutingSummary& s = layer.last_routing();
     const Tensor& scale = layer.parameter("experts.scale").value;
     Tensor wg = layer.parameter("gate.wg").value;
@@ -310,12 +326,13 @@ TEST(MoeLayer, CustomExpertForwardAndGradients) {
       const int e0 = s.expert_ids[static_cast<size_t>(t)], e1 = s.expert_ids[static_cast<size_t>(T + t)];
       const double g0 = std::exp(logit[e0] - mx) / z, g1 = std::exp(logit[e1] - mx) / z;
       for (int64_t m = 0; m < 6; ++m) {
-        const double want = (g0 * scale.get(e0 * 6 + m) + g1 * scale.get(e1 * 6 + m)) * x.get(t * 6 + m) / (g0 + g1);
+        const double want =
+            (g0 * scale.get(e0 * 6 + m) + g1 * scale.get(e1 * 6 + m)) * x.get(t * 6 + m) / (g0 + g1);
         EXPECT_NEAR(r.y.get(t * 6 + m), want, 1e-12);
       }
     }
   }
-  check_finite_differences(c, Switches{2, 0.0}, "custom expert");
+  check_finite_differences(c, Switches{.top_k = 2, .capacity_factor = 0.0}, "custom expert");
 }
 
 template <class Fn>
@@ -337,11 +354,14 @@ TEST(MoeLayer, BadConfigurationNamesTheField) {
   EXPECT_NE(with([](MoeConfig& c) { c.gate.k = 5; }).find("gate.k"), std::string::npos);
   EXPECT_NE(with([](MoeConfig& c) { c.gate.k = 0; }).find("gate.k"), std::string::npos);
   EXPECT_NE(with([](MoeConfig& c) { c.model_dim = 0; }).find("model_dim"), std::string::npos);
-  EXPECT_NE(with([](MoeConfig& c) { c.experts.hidden_size = -3; }).find("experts.hidden_size"), std::string::npos);
-  EXPECT_NE(with([](MoeConfig& c) { c.experts.num_experts = 0; }).find("experts.num_experts"), std::string::npos);
+  EXPECT_NE(with([](MoeConfig& c) { c.experts.hidden_size = -3; }).find("experts.hidden_size"),
+            std::string::npos);
+  EXPECT_NE(with([](MoeConfig& c) { c.experts.num_experts = 0; }).find("experts.num_experts"),
+            std::string::npos);
   EXPECT_NE(with([](MoeConfig& c) { c.gate.type = "bogus"; }).find("gate.type"), std::string::npos);
   EXPECT_NE(with([](MoeConfig& c) { c.experts.type = "bogus"; }).find("experts.type"), std::string::npos);
-  EXPECT_NE(with([](MoeConfig& c) { c.experts.activation = "tanhh"; }).find("experts.activation"), std::string::npos);
+  EXPECT_NE(with([](MoeConfig& c) { c.experts.activation = "tanhh"; }).find("experts.activation"),
+            std::string::npos);
   EXPECT_NE(with([](MoeConfig& c) { c.is_gshard_loss = false; }).find("gate_noise"), std::string::npos);
   EXPECT_NE(with([](MoeConfig& c) { c.experts.type = "custom"; }).find("experts.custom"), std::string::npos);
 }
@@ -351,11 +371,14 @@ TEST(MoeLayer, BadCallArgumentsNameTheArgument) {
   Tensor x = random_tensor({5, 12}, DType::f32, 1);
   Tensor wrong = random_tensor({5, 11}, DType::f32, 1);
   EXPECT_NE(error_of([&] { layer.forward(wrong); }).find("model_dim=12"), std::string::npos);
-  EXPECT_NE(error_of([&] { layer.forward(x, Switches{5}); }).find("top_k"), std::string::npos);
-  EXPECT_NE(error_of([&] { layer.forward(x, Switches{-1}); }).find("top_k"), std::string::npos);
+  EXPECT_NE(error_of([&] { layer.forward(x, top_k_only(5)); }).find("top_k"), std::string::npos);
+  EXPECT_NE(error_of([&] { layer.forward(x, top_k_only(-1)); }).find("top_k"), std::string::npos);
   EXPECT_NE(error_of([&] { layer.backward(x); }).find("no forward"), std::string::npos);
   layer.forward(x);
-  EXPECT_NE(error_of([&] { layer.backward(random_tensor({4, 12}, DType::f32, 2)); }).find("dy"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              layer.backward(random_tensor({4, 12}, DType::f32, 2));
+            }).find("dy"),
+            std::string::npos);
   // The layer still works after the errors.
   EXPECT_EQ(layer.forward(x).y.dim(0), 5);
 }
@@ -411,7 +434,7 @@ TEST(MoeLayer, LeadingDimsAndZeroTokens) {
   EXPECT_EQ(dx.shape(), Shape({3, 5, 12}));
   Tensor empty = Tensor::empty({0, 12}, DType::f32);
   for (double cf : {1.0, 0.0, -1.0}) {
-    ForwardResult e = layer.forward(empty, Switches{2, cf});
+    ForwardResult e = layer.forward(empty, Switches{.top_k = 2, .capacity_factor = cf});
     EXPECT_EQ(e.y.numel(), 0);
     EXPECT_EQ(layer.last_routing().capacity, 0);
     EXPECT_EQ(layer.backward(Tensor::empty({0, 12}, DType::f32)).numel(), 0);

@@ -10,8 +10,8 @@ namespace xmoe {
 enum class DType : uint8_t { f32, f64, bf16 };
 
 size_t dtype_size(DType t);
-const char* dtype_name(DType t);            // "float32", "float64", "bfloat16"
-DType parse_dtype(std::string_view name);   // accepts float32/f32/F32, float64/f64/F64, bfloat16/bf16/BF16
+const char* dtype_name(DType t);           // "float32", "float64", "bfloat16"
+DType parse_dtype(std::string_view name);  // accepts float32/f32/F32, float64/f64/F64, bfloat16/bf16/BF16
 
 // bfloat16 as stored: the upper half of an IEEE float. Conversion rounds to nearest even; NaN stays NaN.
 struct bf16 {
@@ -37,10 +37,16 @@ struct bf16 {
 template <class T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<float>() { return DType::f32; }
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
 template <>
-constexpr DType dtype_of<double>() { return DType::f64; }
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
 template <>
-constexpr DType dtype_of<bf16>() { return DType::bf16; }
+constexpr DType dtype_of<bf16>() {
+  return DType::bf16;
+}
 
 }  // namespace xmoe

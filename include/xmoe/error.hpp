@@ -21,8 +21,8 @@ std::string concat(const Args&... args) {
 }  // namespace detail
 
 // Always-on check (release builds too): throws xmoe::Error with the concatenated message.
-#define XMOE_CHECK(cond, ...)                                        \
-  do {                                                               \
+#define XMOE_CHECK(cond, ...)                                              \
+  do {                                                                     \
     if (!(cond)) throw ::xmoe::Error(::xmoe::detail::concat(__VA_ARGS__)); \
   } while (0)
 

@@ -1,4 +1,5 @@
-// The MoE layer (Tutel semantics) on CPU: gate → routing → dispatch → experts → combine, forward and backward.
+// The MoE layer (Tutel semantics) on CPU: gate → routing → dispatch → experts → combine, forward and
+// backward.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -13,8 +14,8 @@ namespace xmoe {
 
 struct Parameter {
   std::string name;
-  Tensor value;           // layer dtype
-  Tensor grad;            // f32 for f32/bf16 layers, f64 for f64 layers; accumulated by backward
+  Tensor value;            // layer dtype
+  Tensor grad;             // f32 for f32/bf16 layers, f64 for f64 layers; accumulated by backward
   bool is_expert = false;  // expert parameters are not all-reduced across the expert-parallel group
 };
 
@@ -45,7 +46,7 @@ struct ExpertConfig {
   std::string type = "ffn";  // "ffn" | "swiglu" | "custom"
   int num_experts = 2;       // global expert count E
   int64_t hidden_size = 0;
-  int64_t output_dim = 0;          // ffn only; 0 = model_dim
+  int64_t output_dim = 0;           // ffn only; 0 = model_dim
   std::string activation = "relu";  // ffn: relu | gelu | silu
   bool has_fc1_bias = true;
   bool has_fc2_bias = true;
@@ -62,7 +63,7 @@ struct MoeConfig {
   bool normalize_gate = true;  // k > 1 only
   bool is_gshard_loss = true;  // false: importance + load loss (needs gate_noise > 0)
   int64_t capacity_alignment = 1;
-  uint64_t seed_gate = 1;     // Tutel's seeds (s_gate, s_local)
+  uint64_t seed_gate = 1;  // Tutel's seeds (s_gate, s_local)
   uint64_t seed_experts = 1;
   std::string isa;  // kernel level cap ("reference", "avx2", "avx512", ...); empty = best this CPU runs
 };
@@ -77,8 +78,8 @@ struct Switches {
   int top_k = 0;                          // 0: the gate's k
   std::optional<double> capacity_factor;  // unset: the gate's
   ExpertExecution execution = ExpertExecution::padded;
-  bool training = true;                   // gate noise applies only in training
-  const Tensor* noise = nullptr;          // [T, E] N(0,1) draws to use for gate noise instead of the layer's own
+  bool training = true;           // gate noise applies only in training
+  const Tensor* noise = nullptr;  // [T, E] N(0,1) draws to use for gate noise instead of the layer's own
 };
 
 struct ForwardResult {
@@ -118,8 +119,8 @@ class MoeLayer {
   Parameter& parameter(const std::string& name);
   void zero_grad();
 
-  // Parameters as safetensors, with metadata `_num_global_experts`. load() checks names, dtypes and shapes and
-  // throws naming the file and tensor; on error the layer keeps its previous values.
+  // Parameters as safetensors, with metadata `_num_global_experts`. load() checks names, dtypes and shapes
+  // and throws naming the file and tensor; on error the layer keeps its previous values.
   void save(const std::string& path) const;
   void load(const std::string& path);
 

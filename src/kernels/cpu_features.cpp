@@ -75,11 +75,16 @@ std::string CpuFeatures::str() const {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::reference: return "reference";
-    case Isa::avx2: return "avx2";
-    case Isa::avx512: return "avx512";
-    case Isa::avx512_bf16: return "avx512_bf16";
-    case Isa::amx: return "amx";
+    case Isa::reference:
+      return "reference";
+    case Isa::avx2:
+      return "avx2";
+    case Isa::avx512:
+      return "avx512";
+    case Isa::avx512_bf16:
+      return "avx512_bf16";
+    case Isa::amx:
+      return "amx";
   }
   return "?";
 }
@@ -92,11 +97,16 @@ Isa parse_isa(const std::string& name) {
 
 bool isa_supported(const CpuFeatures& f, Isa isa) {
   switch (isa) {
-    case Isa::reference: return true;
-    case Isa::avx2: return f.has_avx2();
-    case Isa::avx512: return f.has_avx512();
-    case Isa::avx512_bf16: return f.has_avx512_bf16();
-    case Isa::amx: return f.has_amx_bf16();
+    case Isa::reference:
+      return true;
+    case Isa::avx2:
+      return f.has_avx2();
+    case Isa::avx512:
+      return f.has_avx512();
+    case Isa::avx512_bf16:
+      return f.has_avx512_bf16();
+    case Isa::amx:
+      return f.has_amx_bf16();
   }
   return false;
 }

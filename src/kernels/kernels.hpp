@@ -8,8 +8,8 @@
 
 namespace xmoe::kernels {
 
-// C[m, n] (+)= op(A)[m, k] · op(B)[k, n], row-major with leading dimensions; op(A) = Aᵀ when trans_a (then A is
-// stored [k, m]), likewise B. Determinism contract, kept by every variant:
+// C[m, n] (+)= op(A)[m, k] · op(B)[k, n], row-major with leading dimensions; op(A) = Aᵀ when trans_a (then A
+// is stored [k, m]), likewise B. Determinism contract, kept by every variant:
 //  * each C element's k-reduction runs in one fixed order that depends only on k's index, never on m, n, the
 //    tiling or the thread count, so results are bit-identical for any number of threads;
 //  * appending zero-valued k-steps (padded rows in [E, C, M]) leaves every result bit-identical.
@@ -42,7 +42,8 @@ struct KernelTable {
   void (*bias_act_f32)(Activation act, const float* in, const float* bias, float* out, int64_t rows,
                        int64_t cols) = nullptr;
   // din[i] = dout[i] · act'(pre[i]), pre being the activation's input; din == dout allowed.
-  void (*act_backward_f32)(Activation act, const float* pre, const float* dout, float* din, int64_t n) = nullptr;
+  void (*act_backward_f32)(Activation act, const float* pre, const float* dout, float* din,
+                           int64_t n) = nullptr;
   // SwiGLU: out = silu(g) ⊙ u, and its backward.
   void (*silu_mul_f32)(const float* g, const float* u, float* out, int64_t n) = nullptr;
   void (*silu_mul_backward_f32)(const float* g, const float* u, const float* dout, float* dg, float* du,
@@ -52,10 +53,10 @@ struct KernelTable {
   void (*bf16_to_f32)(const bf16* in, float* out, int64_t n) = nullptr;
 
   // Row operations of dispatch/combine.
-  void (*scale_f32)(float a, const float* x, float* y, int64_t n) = nullptr;   // y = a·x
-  void (*axpy_f32)(float a, const float* x, float* y, int64_t n) = nullptr;    // y += a·x
-  float (*dot_f32)(const float* a, const float* b, int64_t n) = nullptr;       // fixed-order lane sums
-  void (*scale_bf16)(float a, const bf16* x, bf16* y, int64_t n) = nullptr;    // y = bf16(a·x)
+  void (*scale_f32)(float a, const float* x, float* y, int64_t n) = nullptr;     // y = a·x
+  void (*axpy_f32)(float a, const float* x, float* y, int64_t n) = nullptr;      // y += a·x
+  float (*dot_f32)(const float* a, const float* b, int64_t n) = nullptr;         // fixed-order lane sums
+  void (*scale_bf16)(float a, const bf16* x, bf16* y, int64_t n) = nullptr;      // y = bf16(a·x)
   void (*axpy_bf16_f32)(float a, const bf16* x, float* y, int64_t n) = nullptr;  // y += a·f32(x)
   float (*dot_bf16_f32)(const bf16* a, const float* b, int64_t n) = nullptr;
 };

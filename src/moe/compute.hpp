@@ -1,6 +1,6 @@
 // The layer's element types: storage type S (f32, bf16, f64) and accumulation type Acc (f32, or f64 for f64),
-// with the row operations the MoE stages need, routed to the kernel table (f32/bf16) or plain loops (f64, which
-// exists for gradient checks).
+// with the row operations the MoE stages need, routed to the kernel table (f32/bf16) or plain loops (f64,
+// which exists for gradient checks).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -148,17 +148,23 @@ struct Ops {
 
   static double activate(kernels::Activation act, double x) {
     switch (act) {
-      case kernels::Activation::identity: return x;
-      case kernels::Activation::relu: return x > 0 ? x : 0.0;
-      case kernels::Activation::gelu: return 0.5 * x * (1.0 + std::erf(x * M_SQRT1_2));
-      case kernels::Activation::silu: return x / (1.0 + std::exp(-x));
+      case kernels::Activation::identity:
+        return x;
+      case kernels::Activation::relu:
+        return x > 0 ? x : 0.0;
+      case kernels::Activation::gelu:
+        return 0.5 * x * (1.0 + std::erf(x * M_SQRT1_2));
+      case kernels::Activation::silu:
+        return x / (1.0 + std::exp(-x));
     }
     return x;
   }
   static double activate_grad(kernels::Activation act, double x) {
     switch (act) {
-      case kernels::Activation::identity: return 1.0;
-      case kernels::Activation::relu: return x > 0 ? 1.0 : 0.0;
+      case kernels::Activation::identity:
+        return 1.0;
+      case kernels::Activation::relu:
+        return x > 0 ? 1.0 : 0.0;
       case kernels::Activation::gelu:
         return 0.5 * (1.0 + std::erf(x * M_SQRT1_2)) + x * std::exp(-0.5 * x * x) * 0.3989422804014327;
       case kernels::Activation::silu: {
@@ -173,7 +179,8 @@ struct Ops {
 // Row-major GEMM argument builder: C[m,n] (+)= op(A)·op(B).
 template <class In, class Out>
 kernels::GemmArgs<In, Out> gemm_args(int64_t m, int64_t n, int64_t k, const In* a, int64_t lda, bool ta,
-                                     const In* b, int64_t ldb, bool tb, Out* c, int64_t ldc, bool accumulate) {
+                                     const In* b, int64_t ldb, bool tb, Out* c, int64_t ldc,
+                                     bool accumulate) {
   kernels::GemmArgs<In, Out> g;
   g.m = m, g.n = n, g.k = k;
   g.a = a, g.lda = lda, g.trans_a = ta;

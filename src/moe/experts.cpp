@@ -34,7 +34,8 @@ Parameter& add_expert_param(std::vector<std::unique_ptr<Parameter>>& params, con
 
 void init_uniform(Tensor& t, double bound, uint64_t seed, uint64_t stream) {
   CounterRng rng(seed, stream);
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, (2.0 * rng.uniform(static_cast<uint64_t>(i)) - 1.0) * bound);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.set(i, (2.0 * rng.uniform(static_cast<uint64_t>(i)) - 1.0) * bound);
 }
 
 void init_normal(Tensor& t, double stddev, uint64_t seed, uint64_t stream) {
@@ -78,8 +79,10 @@ class FfnExperts final : public Experts<S> {
         act_(parse_activation(c.experts.activation)) {
     w1_ = &add_expert_param(params, "experts.batched_fc1_w", {E_, H_, M_}, c.dtype);
     w2_ = &add_expert_param(params, "experts.batched_fc2_w", {E_, H_, O_}, c.dtype);
-    if (c.experts.has_fc1_bias) b1_ = &add_expert_param(params, "experts.batched_fc1_bias", {E_, H_}, c.dtype);
-    if (c.experts.has_fc2_bias) b2_ = &add_expert_param(params, "experts.batched_fc2_bias", {E_, O_}, c.dtype);
+    if (c.experts.has_fc1_bias)
+      b1_ = &add_expert_param(params, "experts.batched_fc1_bias", {E_, H_}, c.dtype);
+    if (c.experts.has_fc2_bias)
+      b2_ = &add_expert_param(params, "experts.batched_fc2_bias", {E_, O_}, c.dtype);
     init_uniform(w1_->value, 1.0 / std::sqrt(static_cast<double>(M_)), c.seed_experts, 0);
     init_uniform(w2_->value, 1.0 / std::sqrt(static_cast<double>(H_)), c.seed_experts, 1);
   }
@@ -96,16 +99,17 @@ class FfnExperts final : public Experts<S> {
     for (int64_t e = 0; e < E_; ++e) {
       const int64_t r0 = off[static_cast<size_t>(e)], r = off[static_cast<size_t>(e) + 1] - r0;
       if (r == 0) continue;
-      ops.gemm(gemm_args<S, Acc>(r, H_, M_, x + r0 * M_, M_, false, w1_->value.data<S>() + e * H_ * M_, M_, true,
-                                 pre + r0 * H_, H_, false));
+      ops.gemm(gemm_args<S, Acc>(r, H_, M_, x + r0 * M_, M_, false, w1_->value.data<S>() + e * H_ * M_, M_,
+                                 true, pre + r0 * H_, H_, false));
       parallel_rows(r, 16, [&](int64_t i0, int64_t i1) {
         Acc* p = pre + (r0 + i0) * H_;
         ops.bias_act(Activation::identity, p, b1 ? b1 + e * H_ : nullptr, p, i1 - i0, H_);
         ops.bias_act(act_, p, nullptr, a_acc + (r0 + i0) * H_, i1 - i0, H_);
-        if constexpr (!std::is_same_v<S, Acc>) ops.to_storage(a_acc + (r0 + i0) * H_, a + (r0 + i0) * H_, (i1 - i0) * H_);
+        if constexpr (!std::is_same_v<S, Acc>)
+          ops.to_storage(a_acc + (r0 + i0) * H_, a + (r0 + i0) * H_, (i1 - i0) * H_);
       });
-      ops.gemm(gemm_args<S, Acc>(r, O_, H_, a + r0 * H_, H_, false, w2_->value.data<S>() + e * H_ * O_, O_, false,
-                                 y_acc + r0 * O_, O_, false));
+      ops.gemm(gemm_args<S, Acc>(r, O_, H_, a + r0 * H_, H_, false, w2_->value.data<S>() + e * H_ * O_, O_,
+                                 false, y_acc + r0 * O_, O_, false));
       parallel_rows(r, 16, [&](int64_t i0, int64_t i1) {
         Acc* q = y_acc + (r0 + i0) * O_;
         if (b2) ops.bias_act(Activation::identity, q, b2 + e * O_, q, i1 - i0, O_);
@@ -138,8 +142,8 @@ class FfnExperts final : public Experts<S> {
       const S* dhs = std::is_same_v<S, Acc> ? reinterpret_cast<const S*>(dh) : dh_s;
       ops.gemm(gemm_args<S, Acc>(H_, M_, r, dhs + r0 * H_, H_, true, x + r0 * M_, M_, false,
                                  w1_->grad.data<Acc>() + e * H_ * M_, M_, true));
-      ops.gemm(gemm_args<S, Acc>(r, M_, H_, dhs + r0 * H_, H_, false, w1_->value.data<S>() + e * H_ * M_, M_, false,
-                                 dx + r0 * M_, M_, false));
+      ops.gemm(gemm_args<S, Acc>(r, M_, H_, dhs + r0 * H_, H_, false, w1_->value.data<S>() + e * H_ * M_, M_,
+                                 false, dx + r0 * M_, M_, false));
     }
   }
 
@@ -205,8 +209,8 @@ class SwigluExperts final : public Experts<S> {
         ops.silu_mul(g + o, u + o, a_acc + o, n);
         if constexpr (!std::is_same_v<S, Acc>) ops.to_storage(a_acc + o, a + o, n);
       });
-      ops.gemm(gemm_args<S, Acc>(r, M_, H_, a + r0 * H_, H_, false, down_->value.data<S>() + e * M_ * H_, H_, true,
-                                 y_acc + r0 * M_, M_, false));
+      ops.gemm(gemm_args<S, Acc>(r, M_, H_, a + r0 * H_, H_, false, down_->value.data<S>() + e * M_ * H_, H_,
+                                 true, y_acc + r0 * M_, M_, false));
       if constexpr (!std::is_same_v<S, Acc>) {
         parallel_rows(r, 16, [&](int64_t i0, int64_t i1) {
           ops.to_storage(y_acc + (r0 + i0) * M_, y + (r0 + i0) * M_, (i1 - i0) * M_);
@@ -245,16 +249,16 @@ class SwigluExperts final : public Experts<S> {
                                  gate_->grad.data<Acc>() + e * H_ * M_, M_, true));
       ops.gemm(gemm_args<S, Acc>(H_, M_, r, dus + r0 * H_, H_, true, xe, M_, false,
                                  up_->grad.data<Acc>() + e * H_ * M_, M_, true));
-      ops.gemm(gemm_args<S, Acc>(r, M_, H_, dgs + r0 * H_, H_, false, gate_->value.data<S>() + e * H_ * M_, M_,
-                                 false, dx + r0 * M_, M_, false));
-      ops.gemm(gemm_args<S, Acc>(r, M_, H_, dus + r0 * H_, H_, false, up_->value.data<S>() + e * H_ * M_, M_, false,
-                                 dx + r0 * M_, M_, true));
+      ops.gemm(gemm_args<S, Acc>(r, M_, H_, dgs + r0 * H_, H_, false, gate_->value.data<S>() + e * H_ * M_,
+                                 M_, false, dx + r0 * M_, M_, false));
+      ops.gemm(gemm_args<S, Acc>(r, M_, H_, dus + r0 * H_, H_, false, up_->value.data<S>() + e * H_ * M_, M_,
+                                 false, dx + r0 * M_, M_, true));
     }
   }
 
   size_t workspace_bytes() const override {
-    return g_.bytes() + u_.bytes() + a_.bytes() + a_stage_.bytes() + y_stage_.bytes() + da_.bytes() + dg_.bytes() +
-           du_.bytes() + dg_stage_.bytes() + du_stage_.bytes();
+    return g_.bytes() + u_.bytes() + a_.bytes() + a_stage_.bytes() + y_stage_.bytes() + da_.bytes() +
+           dg_.bytes() + du_.bytes() + dg_stage_.bytes() + du_stage_.bytes();
   }
 
  private:
@@ -309,7 +313,8 @@ class CustomExperts final : public Experts<S> {
 }  // namespace
 
 template <class S>
-std::unique_ptr<Experts<S>> make_experts(const MoeConfig& c, std::vector<std::unique_ptr<Parameter>>& params) {
+std::unique_ptr<Experts<S>> make_experts(const MoeConfig& c,
+                                         std::vector<std::unique_ptr<Parameter>>& params) {
   const std::string& type = c.experts.type;
   if (type == "ffn") return std::make_unique<FfnExperts<S>>(c, params);
   if (type == "swiglu") return std::make_unique<SwigluExperts<S>>(c, params);
@@ -322,7 +327,8 @@ std::unique_ptr<Experts<S>> make_experts(const MoeConfig& c, std::vector<std::un
 
 template std::unique_ptr<Experts<float>> make_experts<float>(const MoeConfig&,
                                                              std::vector<std::unique_ptr<Parameter>>&);
-template std::unique_ptr<Experts<bf16>> make_experts<bf16>(const MoeConfig&, std::vector<std::unique_ptr<Parameter>>&);
+template std::unique_ptr<Experts<bf16>> make_experts<bf16>(const MoeConfig&,
+                                                           std::vector<std::unique_ptr<Parameter>>&);
 template std::unique_ptr<Experts<double>> make_experts<double>(const MoeConfig&,
                                                                std::vector<std::unique_ptr<Parameter>>&);
 

@@ -25,7 +25,8 @@ class Experts {
 
 // Creates the experts named by config.experts.type; appends their parameters (from config.seed_experts).
 template <class S>
-std::unique_ptr<Experts<S>> make_experts(const MoeConfig& config, std::vector<std::unique_ptr<Parameter>>& params);
+std::unique_ptr<Experts<S>> make_experts(const MoeConfig& config,
+                                         std::vector<std::unique_ptr<Parameter>>& params);
 
 kernels::Activation parse_activation(const std::string& name);  // throws naming experts.activation
 

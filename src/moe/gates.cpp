@@ -9,8 +9,8 @@ namespace xmoe::moe {
 
 namespace {
 
-Parameter& add_param(std::vector<std::unique_ptr<Parameter>>& params, const std::string& name, const Shape& shape,
-                     DType dtype) {
+Parameter& add_param(std::vector<std::unique_ptr<Parameter>>& params, const std::string& name,
+                     const Shape& shape, DType dtype) {
   auto p = std::make_unique<Parameter>();
   p->name = name;
   p->value = Tensor::zeros(shape, dtype);
@@ -22,7 +22,8 @@ Parameter& add_param(std::vector<std::unique_ptr<Parameter>>& params, const std:
 
 void fill_uniform(Tensor& t, double bound, uint64_t seed, uint64_t stream) {
   CounterRng rng(seed, stream);
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, (2.0 * rng.uniform(static_cast<uint64_t>(i)) - 1.0) * bound);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.set(i, (2.0 * rng.uniform(static_cast<uint64_t>(i)) - 1.0) * bound);
 }
 
 // Parameters in the accumulation type: a view for f32/f64, a converted copy for bf16.
@@ -42,14 +43,17 @@ class TopGate final : public Gate<S> {
  public:
   using Acc = acc_t<S>;
   TopGate(const MoeConfig& c, std::vector<std::unique_ptr<Parameter>>& params)
-      : M_(c.model_dim), E_(c.experts.num_experts), round_logits_(!c.gate.fp32_gate && c.dtype == DType::bf16) {
+      : M_(c.model_dim),
+        E_(c.experts.num_experts),
+        round_logits_(!c.gate.fp32_gate && c.dtype == DType::bf16) {
     wg_ = &add_param(params, "gate.wg", {E_, M_}, c.dtype);
     fill_uniform(wg_->value, 1.0 / std::sqrt(static_cast<double>(M_)), c.seed_gate, 0);
   }
   void forward(const Ops<S>& ops, const S* x, int64_t T, Acc* logits) override {
     ops.gemm(gemm_args<S, Acc>(T, E_, M_, x, M_, false, wg_->value.data<S>(), M_, true, logits, E_, false));
     if (round_logits_)  // fp32_gate off: the gate's output is bf16, as in a bf16 Linear
-      for (int64_t i = 0; i < T * E_; ++i) logits[i] = static_cast<float>(bf16(static_cast<float>(logits[i])));
+      for (int64_t i = 0; i < T * E_; ++i)
+        logits[i] = static_cast<float>(bf16(static_cast<float>(logits[i])));
   }
   void backward(const Ops<S>& ops, const S* x, int64_t T, const Acc* dlogits, Acc* dx) override {
     const Acc* xa = as_acc(ops, x, T * M_, x_acc_);
@@ -81,7 +85,8 @@ class CosineTopGate final : public Gate<S> {
     temp_ = &add_param(params, "gate.temperature", {1}, c.dtype);
     fill_uniform(proj_->value, 1.0 / std::sqrt(static_cast<double>(M_)), c.seed_gate, 0);
     CounterRng rng(c.seed_gate, 1);
-    for (int64_t i = 0; i < sim_->value.numel(); ++i) sim_->value.set(i, 0.01 * rng.normal(static_cast<uint64_t>(i)));
+    for (int64_t i = 0; i < sim_->value.numel(); ++i)
+      sim_->value.set(i, 0.01 * rng.normal(static_cast<uint64_t>(i)));
     temp_->value.set(0, std::log(1.0 / c.gate.init_t));
   }
 
@@ -158,7 +163,8 @@ class CosineTopGate final : public Gate<S> {
     }
     const Acc* xa = as_acc(ops, x, T * M_, x_acc_);
     const Acc* wa = as_acc(ops, proj_->value.data<S>(), P_ * M_, w_acc_);
-    ops.gemm_acc(gemm_args<Acc, Acc>(P_, M_, T, dpn, P_, true, xa, M_, false, proj_->grad.data<Acc>(), M_, true));
+    ops.gemm_acc(
+        gemm_args<Acc, Acc>(P_, M_, T, dpn, P_, true, xa, M_, false, proj_->grad.data<Acc>(), M_, true));
     ops.gemm_acc(gemm_args<Acc, Acc>(T, M_, P_, dpn, P_, false, wa, M_, false, dx, M_, true));
   }
 
@@ -184,8 +190,10 @@ std::unique_ptr<Gate<S>> make_gate(const MoeConfig& config, std::vector<std::uni
   throw Error("gate.type: unknown '" + config.gate.type + "' (expected top or cosine_top)");
 }
 
-template std::unique_ptr<Gate<float>> make_gate<float>(const MoeConfig&, std::vector<std::unique_ptr<Parameter>>&);
-template std::unique_ptr<Gate<bf16>> make_gate<bf16>(const MoeConfig&, std::vector<std::unique_ptr<Parameter>>&);
+template std::unique_ptr<Gate<float>> make_gate<float>(const MoeConfig&,
+                                                       std::vector<std::unique_ptr<Parameter>>&);
+template std::unique_ptr<Gate<bf16>> make_gate<bf16>(const MoeConfig&,
+                                                     std::vector<std::unique_ptr<Parameter>>&);
 template std::unique_ptr<Gate<double>> make_gate<double>(const MoeConfig&,
                                                          std::vector<std::unique_ptr<Parameter>>&);
 

@@ -15,14 +15,17 @@ namespace xmoe::moe {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 template <class S>
 class LayerEngine final : public LayerEngineBase {
  public:
   using Acc = acc_t<S>;
 
-  LayerEngine(const MoeConfig& c, const kernels::KernelTable& table, std::vector<std::unique_ptr<Parameter>>& params)
+  LayerEngine(const MoeConfig& c, const kernels::KernelTable& table,
+              std::vector<std::unique_ptr<Parameter>>& params)
       : cfg_(c), E_(c.experts.num_experts), M_(c.model_dim) {
     ops_.k = &table;
     gate_ = make_gate<S>(c, params);
@@ -32,9 +35,10 @@ class LayerEngine final : public LayerEngineBase {
 
   int64_t output_dim() const override { return O_; }
 
-  ForwardResult forward(const Tensor& x_in, const Switches& sw, RoutingSummary& summary, PhaseTimes& times) override {
-    XMOE_CHECK(x_in.ndim() >= 1 && x_in.dim(x_in.ndim() - 1) == M_, "x: last dimension must be model_dim=", M_,
-               ", got shape ", x_in.shape().str());
+  ForwardResult forward(const Tensor& x_in, const Switches& sw, RoutingSummary& summary,
+                        PhaseTimes& times) override {
+    XMOE_CHECK(x_in.ndim() >= 1 && x_in.dim(x_in.ndim() - 1) == M_,
+               "x: last dimension must be model_dim=", M_, ", got shape ", x_in.shape().str());
     const int k = sw.top_k != 0 ? sw.top_k : cfg_.gate.k;
     XMOE_CHECK(k >= 1 && k <= E_, "top_k: must be in [1, num_experts=", E_, "], got ", k);
     const double cf = sw.capacity_factor ? *sw.capacity_factor : cfg_.gate.capacity_factor;
@@ -84,7 +88,8 @@ class LayerEngine final : public LayerEngineBase {
     const Acc eps = std::numeric_limits<Acc>::epsilon();
     for (int64_t t = 0; t < T; ++t) {
       Acc sum = 0;
-      for (int j = 0; j < k; ++j) sum += (graw[j * T + t] = scores[t * E_ + ids_[static_cast<size_t>(j * T + t)]]);
+      for (int j = 0; j < k; ++j)
+        sum += (graw[j * T + t] = scores[t * E_ + ids_[static_cast<size_t>(j * T + t)]]);
       denom[t] = normalized_ ? std::max(sum, eps) : Acc(1);
       for (int j = 0; j < k; ++j) g[j * T + t] = normalized_ ? graw[j * T + t] / denom[t] : graw[j * T + t];
     }
@@ -106,9 +111,11 @@ class LayerEngine final : public LayerEngineBase {
       aux = gshard_loss<Acc>(scores, ids_.data(), T, E_, 0.0, nullptr);
     } else {
       Acc* clean = clean_.ensure(TE);
-      parallel_rows(T, 64, [&](int64_t a, int64_t b) { ops_.softmax_rows(logits + a * E_, clean + a * E_, b - a, E_); });
-      aux = importance_load_loss<Acc>(clean, noisy_logits, ids_.data() + (k - 1) * T, T, E_, cfg_.gate.gate_noise,
-                                      0.0, nullptr, nullptr);
+      parallel_rows(T, 64, [&](int64_t a, int64_t b) {
+        ops_.softmax_rows(logits + a * E_, clean + a * E_, b - a, E_);
+      });
+      aux = importance_load_loss<Acc>(clean, noisy_logits, ids_.data() + (k - 1) * T, T, E_,
+                                      cfg_.gate.gate_noise, 0.0, nullptr, nullptr);
     }
     times.routing = seconds_since(t0);
 
@@ -137,8 +144,8 @@ class LayerEngine final : public LayerEngineBase {
     std::array<int64_t, kMaxDims> dims{};
     for (int i = 0; i < x_shape_.ndim(); ++i) dims[static_cast<size_t>(i)] = x_shape_[i];
     dims[static_cast<size_t>(x_shape_.ndim() - 1)] = O_;
-    Tensor y = Tensor::empty(Shape(std::span<const int64_t>(dims.data(), static_cast<size_t>(x_shape_.ndim()))),
-                             cfg_.dtype);
+    Tensor y = Tensor::empty(
+        Shape(std::span<const int64_t>(dims.data(), static_cast<size_t>(x_shape_.ndim()))), cfg_.dtype);
     S* ys = y.template data<S>();
     parallel_rows(T, 16, [&](int64_t a, int64_t b) {
       std::vector<Acc> local;
@@ -257,8 +264,8 @@ class LayerEngine final : public LayerEngineBase {
       gshard_loss<Acc>(scores, ids_.data(), T, E_, daux, dscores);
     } else {
       Acc* dclean = dclean_.ensure_zero(TE);
-      importance_load_loss<Acc>(clean_.data(), noisy_used_ ? noisy_.data() : logits_.data(), ids_.data() + (k - 1) * T,
-                                T, E_, cfg_.gate.gate_noise, daux, dclean, dnoisy);
+      importance_load_loss<Acc>(clean_.data(), noisy_used_ ? noisy_.data() : logits_.data(),
+                                ids_.data() + (k - 1) * T, T, E_, cfg_.gate.gate_noise, daux, dclean, dnoisy);
       softmax_backward(clean_.data(), dclean, dlogits, T);
     }
     softmax_backward(scores, dscores, dnoisy, T);
@@ -276,9 +283,10 @@ class LayerEngine final : public LayerEngineBase {
   size_t workspace_bytes() const override {
     return logits_.bytes() + noisy_.bytes() + scores_.bytes() + clean_.bytes() + gates_raw_.bytes() +
            gates_.bytes() + denom_.bytes() + dispatched_.bytes() + expert_out_.bytes() + dgates_.bytes() +
-           dy_acc_.bytes() + dexpert_out_.bytes() + ddispatched_.bytes() + dx_acc_.bytes() + dscores_.bytes() +
-           dnoisy_.bytes() + dlogits_.bytes() + dclean_.bytes() + gate_->workspace_bytes() +
-           experts_->workspace_bytes() + sizeof(int32_t) * (ids_.capacity() + locations_.capacity()) +
+           dy_acc_.bytes() + dexpert_out_.bytes() + ddispatched_.bytes() + dx_acc_.bytes() +
+           dscores_.bytes() + dnoisy_.bytes() + dlogits_.bytes() + dclean_.bytes() +
+           gate_->workspace_bytes() + experts_->workspace_bytes() +
+           sizeof(int32_t) * (ids_.capacity() + locations_.capacity()) +
            sizeof(int64_t) * (order_.capacity() + plan_.row_of.capacity());
   }
 
@@ -330,9 +338,12 @@ class LayerEngine final : public LayerEngineBase {
 std::unique_ptr<LayerEngineBase> make_layer_engine(const MoeConfig& c, const kernels::KernelTable& table,
                                                    std::vector<std::unique_ptr<Parameter>>& params) {
   switch (c.dtype) {
-    case DType::f32: return std::make_unique<LayerEngine<float>>(c, table, params);
-    case DType::bf16: return std::make_unique<LayerEngine<bf16>>(c, table, params);
-    case DType::f64: return std::make_unique<LayerEngine<double>>(c, table, params);
+    case DType::f32:
+      return std::make_unique<LayerEngine<float>>(c, table, params);
+    case DType::bf16:
+      return std::make_unique<LayerEngine<bf16>>(c, table, params);
+    case DType::f64:
+      return std::make_unique<LayerEngine<double>>(c, table, params);
   }
   throw Error("dtype: unsupported");
 }

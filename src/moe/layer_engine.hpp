@@ -16,7 +16,8 @@ namespace xmoe::moe {
 class LayerEngineBase {
  public:
   virtual ~LayerEngineBase() = default;
-  virtual ForwardResult forward(const Tensor& x, const Switches& sw, RoutingSummary& summary, PhaseTimes& times) = 0;
+  virtual ForwardResult forward(const Tensor& x, const Switches& sw, RoutingSummary& summary,
+                                PhaseTimes& times) = 0;
   virtual Tensor backward(const Tensor& dy, double daux, PhaseTimes& times) = 0;
   virtual int64_t output_dim() const = 0;
   virtual size_t workspace_bytes() const = 0;

@@ -17,7 +17,8 @@ double gshard_loss(const Acc* scores, const int32_t* first_ids, int64_t T, int E
   for (int e = 0; e < E; ++e) l += me[static_cast<size_t>(e)] * count[static_cast<size_t>(e)];
   if (dscores && daux != 0.0)
     for (int64_t t = 0; t < T; ++t)
-      for (int e = 0; e < E; ++e) dscores[t * E + e] += static_cast<Acc>(daux * scale * count[static_cast<size_t>(e)]);
+      for (int e = 0; e < E; ++e)
+        dscores[t * E + e] += static_cast<Acc>(daux * scale * count[static_cast<size_t>(e)]);
   return l * scale;
 }
 
@@ -74,7 +75,7 @@ template double gshard_loss<float>(const float*, const int32_t*, int64_t, int, d
 template double gshard_loss<double>(const double*, const int32_t*, int64_t, int, double, double*);
 template double importance_load_loss<float>(const float*, const float*, const int32_t*, int64_t, int, double,
                                             double, float*, float*);
-template double importance_load_loss<double>(const double*, const double*, const int32_t*, int64_t, int, double,
-                                             double, double*, double*);
+template double importance_load_loss<double>(const double*, const double*, const int32_t*, int64_t, int,
+                                             double, double, double*, double*);
 
 }  // namespace xmoe::moe

@@ -19,9 +19,10 @@ void validate(const MoeConfig& c) {
   XMOE_CHECK(e.num_experts > 0, "experts.num_experts: must be positive, got ", e.num_experts);
   XMOE_CHECK(g.type == "top" || g.type == "cosine_top", "gate.type: unknown '", g.type,
              "' (expected top or cosine_top)");
-  XMOE_CHECK(g.k >= 1 && g.k <= e.num_experts, "gate.k: must be in [1, num_experts=", e.num_experts, "], got ",
-             g.k);
-  XMOE_CHECK(std::isfinite(g.capacity_factor), "gate.capacity_factor: must be finite, got ", g.capacity_factor);
+  XMOE_CHECK(g.k >= 1 && g.k <= e.num_experts, "gate.k: must be in [1, num_experts=", e.num_experts,
+             "], got ", g.k);
+  XMOE_CHECK(std::isfinite(g.capacity_factor), "gate.capacity_factor: must be finite, got ",
+             g.capacity_factor);
   XMOE_CHECK(std::isfinite(g.gate_noise) && g.gate_noise >= 0, "gate.gate_noise: must be >= 0, got ",
              g.gate_noise);
   if (g.type == "cosine_top") {
@@ -30,7 +31,8 @@ void validate(const MoeConfig& c) {
   }
   XMOE_CHECK(e.type == "ffn" || e.type == "swiglu" || e.type == "custom", "experts.type: unknown '", e.type,
              "' (expected ffn, swiglu or custom)");
-  if (e.type != "custom") XMOE_CHECK(e.hidden_size > 0, "experts.hidden_size: must be positive, got ", e.hidden_size);
+  if (e.type != "custom")
+    XMOE_CHECK(e.hidden_size > 0, "experts.hidden_size: must be positive, got ", e.hidden_size);
   if (e.type == "ffn") {
     XMOE_CHECK(e.output_dim >= 0, "experts.output_dim: must be >= 0 (0 = model_dim), got ", e.output_dim);
     moe::parse_activation(e.activation);
@@ -74,10 +76,16 @@ ForwardResult MoeLayer::forward(const Tensor& x, const Switches& switches) {
   return impl_->engine->forward(x, switches, impl_->routing, impl_->times);
 }
 
-Tensor MoeLayer::backward(const Tensor& dy, double daux) { return impl_->engine->backward(dy, daux, impl_->times); }
+Tensor MoeLayer::backward(const Tensor& dy, double daux) {
+  return impl_->engine->backward(dy, daux, impl_->times);
+}
 
-const MoeConfig& MoeLayer::config() const { return impl_->config; }
-int64_t MoeLayer::output_dim() const { return impl_->engine->output_dim(); }
+const MoeConfig& MoeLayer::config() const {
+  return impl_->config;
+}
+int64_t MoeLayer::output_dim() const {
+  return impl_->engine->output_dim();
+}
 
 std::vector<Parameter*> MoeLayer::parameters() {
   std::vector<Parameter*> out;
@@ -108,7 +116,8 @@ void MoeLayer::load(const std::string& path) {
   const auto& meta = file.metadata();
   if (auto it = meta.find("_num_global_experts"); it != meta.end())
     XMOE_CHECK(it->second == std::to_string(impl_->config.experts.num_experts), path,
-               ": _num_global_experts is ", it->second, ", the layer has ", impl_->config.experts.num_experts);
+               ": _num_global_experts is ", it->second, ", the layer has ",
+               impl_->config.experts.num_experts);
   // Read everything first so a bad file leaves the layer unchanged.
   std::vector<Tensor> staged;
   for (auto& p : impl_->params) {
@@ -117,8 +126,8 @@ void MoeLayer::load(const std::string& path) {
     Tensor t = file.tensor(p->name);
     XMOE_CHECK(t.shape() == p->value.shape(), path, ": tensor '", p->name, "' has shape ", t.shape().str(),
                ", expected ", p->value.shape().str());
-    XMOE_CHECK(t.dtype() == p->value.dtype(), path, ": tensor '", p->name, "' has dtype ", e.dtype, ", expected ",
-               dtype_name(p->value.dtype()));
+    XMOE_CHECK(t.dtype() == p->value.dtype(), path, ": tensor '", p->name, "' has dtype ", e.dtype,
+               ", expected ", dtype_name(p->value.dtype()));
     staged.push_back(t);
   }
   for (const SafetensorsEntry& e : file.entries()) {
@@ -129,9 +138,17 @@ void MoeLayer::load(const std::string& path) {
   for (size_t i = 0; i < staged.size(); ++i) impl_->params[i]->value.copy_from(staged[i]);
 }
 
-const RoutingSummary& MoeLayer::last_routing() const { return impl_->routing; }
-const PhaseTimes& MoeLayer::last_times() const { return impl_->times; }
-size_t MoeLayer::workspace_bytes() const { return impl_->engine->workspace_bytes(); }
-const char* MoeLayer::kernel_isa() const { return kernels::isa_name(impl_->table->isa); }
+const RoutingSummary& MoeLayer::last_routing() const {
+  return impl_->routing;
+}
+const PhaseTimes& MoeLayer::last_times() const {
+  return impl_->times;
+}
+size_t MoeLayer::workspace_bytes() const {
+  return impl_->engine->workspace_bytes();
+}
+const char* MoeLayer::kernel_isa() const {
+  return kernels::isa_name(impl_->table->isa);
+}
 
 }  // namespace xmoe

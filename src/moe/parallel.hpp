@@ -18,7 +18,7 @@ void parallel_rows(int64_t rows, int64_t min_rows, Fn&& fn) {
     fn(int64_t{0}, rows);
     return;
   }
-#pragma omp parallel for schedule(static) num_threads(static_cast<int>(chunks))
+#pragma omp parallel for schedule(static) num_threads(static_cast <int>(chunks))
   for (int64_t c = 0; c < chunks; ++c) fn(rows * c / chunks, rows * (c + 1) / chunks);
 }
 

@@ -17,8 +17,8 @@ void select_top_k(const Acc* scores, int64_t tokens, int num_experts, int k, int
 void compute_locations(const int32_t* ids, int64_t tokens, int num_experts, int k, const int64_t* order,
                        int32_t* locations, int32_t* counts);
 
-// C from the capacity factor: > 0: k·int(cf·ceil(T/E)); 0: max count; < 0: min(max count, k·int(−cf·ceil(T/E)));
-// then rounded up to a multiple of alignment.
+// C from the capacity factor: > 0: k·int(cf·ceil(T/E)); 0: max count; < 0: min(max count,
+// k·int(−cf·ceil(T/E))); then rounded up to a multiple of alignment.
 int64_t compute_capacity(double capacity_factor, int k, int64_t tokens, int num_experts, int64_t max_count,
                          int64_t alignment);
 

@@ -6,7 +6,8 @@
 
 namespace xmoe {
 
-Shape::Shape(std::initializer_list<int64_t> dims) : Shape(std::span<const int64_t>(dims.begin(), dims.size())) {}
+Shape::Shape(std::initializer_list<int64_t> dims)
+    : Shape(std::span<const int64_t>(dims.begin(), dims.size())) {}
 
 Shape::Shape(std::span<const int64_t> dims) {
   XMOE_CHECK(dims.size() <= static_cast<size_t>(kMaxDims), "shape: at most ", kMaxDims, " dims, got ",
@@ -68,8 +69,8 @@ Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype, std::shared_ptr
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
-  XMOE_CHECK(shape.numel() == numel(), "reshape: ", shape_.str(), " has ", numel(), " elements, ", shape.str(),
-             " needs ", shape.numel());
+  XMOE_CHECK(shape.numel() == numel(), "reshape: ", shape_.str(), " has ", numel(), " elements, ",
+             shape.str(), " needs ", shape.numel());
   Tensor t = *this;
   t.shape_ = shape;
   return t;
@@ -121,9 +122,15 @@ void convert(Dst* d, const Src* s, int64_t n) {
 template <class Dst>
 void convert_from(Dst* d, const Tensor& src, int64_t n) {
   switch (src.dtype()) {
-    case DType::f32: convert(d, src.data<float>(), n); break;
-    case DType::f64: convert(d, src.data<double>(), n); break;
-    case DType::bf16: convert(d, src.data<bf16>(), n); break;
+    case DType::f32:
+      convert(d, src.data<float>(), n);
+      break;
+    case DType::f64:
+      convert(d, src.data<double>(), n);
+      break;
+    case DType::bf16:
+      convert(d, src.data<bf16>(), n);
+      break;
   }
 }
 }  // namespace
@@ -135,26 +142,41 @@ void Tensor::copy_from(const Tensor& src) {
     return;
   }
   switch (dtype_) {
-    case DType::f32: convert_from(data<float>(), src, numel()); break;
-    case DType::f64: convert_from(data<double>(), src, numel()); break;
-    case DType::bf16: convert_from(data<bf16>(), src, numel()); break;
+    case DType::f32:
+      convert_from(data<float>(), src, numel());
+      break;
+    case DType::f64:
+      convert_from(data<double>(), src, numel());
+      break;
+    case DType::bf16:
+      convert_from(data<bf16>(), src, numel());
+      break;
   }
 }
 
 double Tensor::get(int64_t i) const {
   switch (dtype_) {
-    case DType::f32: return data<float>()[i];
-    case DType::f64: return data<double>()[i];
-    case DType::bf16: return static_cast<float>(data<bf16>()[i]);
+    case DType::f32:
+      return data<float>()[i];
+    case DType::f64:
+      return data<double>()[i];
+    case DType::bf16:
+      return static_cast<float>(data<bf16>()[i]);
   }
   return 0;
 }
 
 void Tensor::set(int64_t i, double v) {
   switch (dtype_) {
-    case DType::f32: data<float>()[i] = static_cast<float>(v); break;
-    case DType::f64: data<double>()[i] = v; break;
-    case DType::bf16: data<bf16>()[i] = bf16(static_cast<float>(v)); break;
+    case DType::f32:
+      data<float>()[i] = static_cast<float>(v);
+      break;
+    case DType::f64:
+      data<double>()[i] = v;
+      break;
+    case DType::bf16:
+      data<bf16>()[i] = bf16(static_cast<float>(v));
+      break;
   }
 }
 

@@ -5,19 +5,19 @@ namespace xmoe::kernels {
 
 namespace {
 
-#define XMOE_FILL_ELEMENTWISE(ns)                    \
-  t.softmax_rows_f32 = ns::softmax_rows_f32;         \
-  t.bias_act_f32 = ns::bias_act_f32;                 \
-  t.act_backward_f32 = ns::act_backward_f32;         \
-  t.silu_mul_f32 = ns::silu_mul_f32;                 \
+#define XMOE_FILL_ELEMENTWISE(ns)                      \
+  t.softmax_rows_f32 = ns::softmax_rows_f32;           \
+  t.bias_act_f32 = ns::bias_act_f32;                   \
+  t.act_backward_f32 = ns::act_backward_f32;           \
+  t.silu_mul_f32 = ns::silu_mul_f32;                   \
   t.silu_mul_backward_f32 = ns::silu_mul_backward_f32; \
-  t.f32_to_bf16 = ns::f32_to_bf16;                   \
-  t.bf16_to_f32 = ns::bf16_to_f32;                   \
-  t.scale_f32 = ns::scale_f32;                       \
-  t.axpy_f32 = ns::axpy_f32;                         \
-  t.dot_f32 = ns::dot_f32;                           \
-  t.scale_bf16 = ns::scale_bf16;                     \
-  t.axpy_bf16_f32 = ns::axpy_bf16_f32;               \
+  t.f32_to_bf16 = ns::f32_to_bf16;                     \
+  t.bf16_to_f32 = ns::bf16_to_f32;                     \
+  t.scale_f32 = ns::scale_f32;                         \
+  t.axpy_f32 = ns::axpy_f32;                           \
+  t.dot_f32 = ns::dot_f32;                             \
+  t.scale_bf16 = ns::scale_bf16;                       \
+  t.axpy_bf16_f32 = ns::axpy_bf16_f32;                 \
   t.dot_bf16_f32 = ns::dot_bf16_f32;
 
 KernelTable make_reference() {
@@ -73,11 +73,15 @@ const KernelTable& kernel_table(Isa isa, const CpuFeatures& features) {
   static const KernelTable avx512_table = make_avx512();
   static const KernelTable avx512_bf16_table = make_avx512_bf16();
   switch (isa) {
-    case Isa::reference: return reference_kernel_table();
-    case Isa::avx2: return avx2_table;
-    case Isa::avx512: return avx512_table;
+    case Isa::reference:
+      return reference_kernel_table();
+    case Isa::avx2:
+      return avx2_table;
+    case Isa::avx512:
+      return avx512_table;
     case Isa::avx512_bf16:
-    case Isa::amx: return avx512_bf16_table;  // no AMX kernels yet: the best below it serves
+    case Isa::amx:
+      return avx512_bf16_table;  // no AMX kernels yet: the best below it serves
   }
   return reference_kernel_table();
 }

@@ -3,25 +3,25 @@
 #pragma once
 #include "kernels/kernels.hpp"
 
-#define XMOE_DECLARE_GEMMS                                   \
-  void gemm_f32(const GemmArgs<float, float>& args);         \
+#define XMOE_DECLARE_GEMMS                           \
+  void gemm_f32(const GemmArgs<float, float>& args); \
   void gemm_bf16(const GemmArgs<bf16, float>& args);
 
-#define XMOE_DECLARE_ELEMENTWISE                                                                              \
-  void softmax_rows_f32(const float* in, float* out, int64_t rows, int64_t cols);                            \
-  void bias_act_f32(Activation act, const float* in, const float* bias, float* out, int64_t rows,            \
-                    int64_t cols);                                                                           \
-  void act_backward_f32(Activation act, const float* pre, const float* dout, float* din, int64_t n);         \
-  void silu_mul_f32(const float* g, const float* u, float* out, int64_t n);                                  \
-  void silu_mul_backward_f32(const float* g, const float* u, const float* dout, float* dg, float* du,         \
-                             int64_t n);                                                                     \
-  void f32_to_bf16(const float* in, bf16* out, int64_t n);                                                   \
-  void bf16_to_f32(const bf16* in, float* out, int64_t n);                                                   \
-  void scale_f32(float a, const float* x, float* y, int64_t n);                                              \
-  void axpy_f32(float a, const float* x, float* y, int64_t n);                                               \
-  float dot_f32(const float* a, const float* b, int64_t n);                                                  \
-  void scale_bf16(float a, const bf16* x, bf16* y, int64_t n);                                               \
-  void axpy_bf16_f32(float a, const bf16* x, float* y, int64_t n);                                           \
+#define XMOE_DECLARE_ELEMENTWISE                                                                      \
+  void softmax_rows_f32(const float* in, float* out, int64_t rows, int64_t cols);                     \
+  void bias_act_f32(Activation act, const float* in, const float* bias, float* out, int64_t rows,     \
+                    int64_t cols);                                                                    \
+  void act_backward_f32(Activation act, const float* pre, const float* dout, float* din, int64_t n);  \
+  void silu_mul_f32(const float* g, const float* u, float* out, int64_t n);                           \
+  void silu_mul_backward_f32(const float* g, const float* u, const float* dout, float* dg, float* du, \
+                             int64_t n);                                                              \
+  void f32_to_bf16(const float* in, bf16* out, int64_t n);                                            \
+  void bf16_to_f32(const bf16* in, float* out, int64_t n);                                            \
+  void scale_f32(float a, const float* x, float* y, int64_t n);                                       \
+  void axpy_f32(float a, const float* x, float* y, int64_t n);                                        \
+  float dot_f32(const float* a, const float* b, int64_t n);                                           \
+  void scale_bf16(float a, const bf16* x, bf16* y, int64_t n);                                        \
+  void axpy_bf16_f32(float a, const bf16* x, float* y, int64_t n);                                    \
   float dot_bf16_f32(const bf16* a, const float* b, int64_t n);
 
 namespace xmoe::kernels {

@@ -1,0 +1,64 @@
+// AVX2 f32 GEMM: a 6 × 16 register tile (12 ymm accumulators), the classic Haswell/Zen shape that leaves room
+// for two op(B) vectors and one broadcast. bf16 inputs are widened to f32 while packing and use the same kernel.
+#include <immintrin.h>
+
+#include "kernels/cpu/gemm_blocking.hpp"
+#include "kernels/cpu/variants.hpp"
+
+namespace xmoe::kernels::avx2 {
+namespace {
+
+template <int MR, int NV>
+struct KernelF32 {
+  static constexpr int mr = MR, nr = 8 * NV, kpack = 1;
+  using Packed = float;
+
+  static void run(int64_t slots, const float* a, const float* b, float* c, int64_t ldc, int64_t rows,
+                  int64_t cols, bool load_c) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i mask[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v)
+      mask[v] = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(cols - 8 * v, 0, 8))), lane);
+    __m256 acc[MR][NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v)
+        acc[i][v] = load_c && i < rows ? _mm256_maskload_ps(c + i * ldc + 8 * v, mask[v]) : _mm256_setzero_ps();
+    }
+    for (int64_t s = 0; s < slots; ++s) {
+      __m256 bv[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) bv[v] = _mm256_load_ps(b + s * nr + 8 * v);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const __m256 av = _mm256_broadcast_ss(a + s * MR + i);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) acc[i][v] = _mm256_fmadd_ps(av, bv[v], acc[i][v]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      if (i >= rows) break;
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) _mm256_maskstore_ps(c + i * ldc + 8 * v, mask[v], acc[i][v]);
+    }
+  }
+};
+
+using Kernel = KernelF32<6, 2>;
+constexpr GemmBlocking kBlocking{.mc = 6 * 24, .kc = 256, .nc = 2048};
+constexpr int kMacsPerPackedElement = 16;
+
+}  // namespace
+
+void gemm_f32(const GemmArgs<float, float>& args) {
+  gemm_blocked<Kernel>(args, kBlocking, kMacsPerPackedElement);
+}
+
+void gemm_bf16(const GemmArgs<bf16, float>& args) {
+  gemm_blocked<Kernel>(args, kBlocking, kMacsPerPackedElement);
+}
+
+}  // namespace xmoe::kernels::avx2

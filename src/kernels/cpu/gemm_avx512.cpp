@@ -1,0 +1,72 @@
+// AVX-512 f32 GEMM: a 14 × 32 register tile (28 zmm accumulators) fed by broadcasts of packed op(A) and two
+// vector loads of packed op(B) per k. bf16 inputs are widened to f32 while packing and use the same kernel.
+#include <immintrin.h>
+
+#include "kernels/cpu/gemm_blocking.hpp"
+#include "kernels/cpu/variants.hpp"
+
+namespace xmoe::kernels::avx512 {
+namespace {
+
+template <int MR, int NV>
+struct KernelF32 {
+  static constexpr int mr = MR, nr = 16 * NV, kpack = 1;
+  using Packed = float;
+
+  static void run(int64_t slots, const float* a, const float* b, float* c, int64_t ldc, int64_t rows,
+                  int64_t cols, bool load_c) {
+    __mmask16 mask[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      const int64_t rem = cols - 16 * v;
+      mask[v] = rem >= 16 ? __mmask16(0xffff) : rem <= 0 ? __mmask16(0) : __mmask16((1u << rem) - 1);
+    }
+    __m512 acc[MR][NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v)
+        acc[i][v] = load_c && i < rows ? _mm512_maskz_loadu_ps(mask[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
+    }
+    for (int64_t s = 0; s < slots; ++s) {
+      __m512 bv[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) bv[v] = _mm512_load_ps(b + s * nr + 16 * v);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const __m512 av = _mm512_set1_ps(a[s * MR + i]);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(av, bv[v], acc[i][v]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      if (i >= rows) break;
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(c + i * ldc + 16 * v, mask[v], acc[i][v]);
+    }
+  }
+};
+
+#ifndef TMR
+#define TMR 14
+#define TNV 2
+#define TMC 12
+#define TKC 256
+#define TNC 2048
+#endif
+using Kernel = KernelF32<TMR, TNV>;
+constexpr GemmBlocking kBlocking{.mc = TMR * TMC, .kc = TKC, .nc = TNC};
+constexpr int kMacsPerPackedElement = 16;
+
+}  // namespace
+
+void gemm_f32(const GemmArgs<float, float>& args) {
+  gemm_blocked<Kernel>(args, kBlocking, kMacsPerPackedElement);
+}
+
+void gemm_bf16(const GemmArgs<bf16, float>& args) {
+  gemm_blocked<Kernel>(args, kBlocking, kMacsPerPackedElement);
+}
+
+}  // namespace xmoe::kernels::avx512
