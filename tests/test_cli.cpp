@@ -15,11 +15,8 @@ struct CliRun {
 };
 
 CliRun run_cli(const std::string& args) {
-  const char* cli = std::getenv("XMOE_CLI");
-  EXPECT_NE(cli, nullptr) << "XMOE_CLI must name the xmoe binary (set by CTest)";
   CliRun r;
-  if (!cli) return r;
-  const std::string cmd = std::string(cli) + " " + args + " 2>&1";
+  const std::string cmd = std::string(XMOE_CLI_PATH) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
   std::array<char, 4096> buf;

@@ -63,7 +63,9 @@ CpuFeatures detect_cpu_features() {
 std::string CpuFeatures::str() const {
   std::string s;
   auto add = [&](bool on, const char* name) {
-    if (on) s += (s.empty() ? "" : " ") + std::string(name);
+    if (!on) return;
+    if (!s.empty()) s.push_back(' ');
+    s.append(name);
   };
   add(avx2, "avx2");
   add(fma, "fma");

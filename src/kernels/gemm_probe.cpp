@@ -50,11 +50,15 @@ double time_gemm(void (*gemm)(const GemmArgs<In, Out>&), int64_t m, int64_t n, i
 
 }  // namespace
 
-double measure_gemm_gflops(const KernelTable& t, DType dtype, int64_t m, int64_t n, int64_t k, double seconds) {
+double measure_gemm_gflops(const KernelTable& t, DType dtype, int64_t m, int64_t n, int64_t k,
+                           double seconds) {
   switch (dtype) {
-    case DType::f32: return time_gemm(t.gemm_f32, m, n, k, seconds);
-    case DType::bf16: return time_gemm(t.gemm_bf16, m, n, k, seconds);
-    case DType::f64: return time_gemm(t.gemm_f64, m, n, k, seconds);
+    case DType::f32:
+      return time_gemm(t.gemm_f32, m, n, k, seconds);
+    case DType::bf16:
+      return time_gemm(t.gemm_bf16, m, n, k, seconds);
+    case DType::f64:
+      return time_gemm(t.gemm_f64, m, n, k, seconds);
   }
   XMOE_CHECK(false, "gemm probe: unknown dtype");
   return 0.0;

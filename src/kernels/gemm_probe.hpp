@@ -1,5 +1,5 @@
-// GEMM throughput probes behind `xmoe bench`: achieved GFLOP/s of a kernel table's GEMM, and the in-cache rate
-// it reaches, against which the experts' rate is reported.
+// GEMM throughput probes behind `xmoe bench`: achieved GFLOP/s of a kernel table's GEMM, and the in-cache
+// rate it reaches, against which the experts' rate is reported.
 #pragma once
 #include <cstdint>
 
@@ -8,16 +8,17 @@
 
 namespace xmoe::kernels {
 
-// Times t's GEMM for `dtype` (f32, bf16 or f64) on C[m, n] = A[m, k] · B[k, n], all row-major and untransposed,
-// using all OpenMP threads (the GEMM's own). Repeats the call for about `seconds` after one warm-up call (at
-// least three timed calls) and returns 2·m·n·k / median call time, in GFLOP/s. Throws xmoe::Error when the
-// table has no GEMM for `dtype` or a size is not positive.
-double measure_gemm_gflops(const KernelTable& t, DType dtype, int64_t m, int64_t n, int64_t k, double seconds);
+// Times t's GEMM for `dtype` (f32, bf16 or f64) on C[m, n] = A[m, k] · B[k, n], all row-major and
+// untransposed, using all OpenMP threads (the GEMM's own). Repeats the call for about `seconds` after one
+// warm-up call (at least three timed calls) and returns 2·m·n·k / median call time, in GFLOP/s. Throws
+// xmoe::Error when the table has no GEMM for `dtype` or a size is not positive.
+double measure_gemm_gflops(const KernelTable& t, DType dtype, int64_t m, int64_t n, int64_t k,
+                           double seconds);
 
-// The practical peak of t's GEMM for `dtype`: the rate of a GEMM whose packed operands stay in each thread's L2
-// (per thread a 256 × 256 tile of C over k = 512), so the microkernel, not memory, bounds it. It is what the
-// kernels reach on this machine, not the datasheet FMA peak (a register-only FMA loop would be a few percent
-// higher); runs for about 0.3 s.
+// The practical peak of t's GEMM for `dtype`: the rate of a GEMM whose packed operands stay in each thread's
+// L2 (per thread a 256 × 256 tile of C over k = 512), so the microkernel, not memory, bounds it. It is what
+// the kernels reach on this machine, not the datasheet FMA peak (a register-only FMA loop would be a few
+// percent higher); runs for about 0.3 s.
 double measure_fma_peak_gflops(const KernelTable& t, DType dtype);
 
 }  // namespace xmoe::kernels

@@ -59,6 +59,14 @@ struct KernelTable {
   void (*scale_bf16)(float a, const bf16* x, bf16* y, int64_t n) = nullptr;      // y = bf16(a·x)
   void (*axpy_bf16_f32)(float a, const bf16* x, float* y, int64_t n) = nullptr;  // y += a·f32(x)
   float (*dot_bf16_f32)(const bf16* a, const float* b, int64_t n) = nullptr;
+
+  // Routing's top-k: for each row r of scores [rows, cols], its k best column indices in descending score
+  // order go to ids[j · ids_stride + r], j = 0..k−1 (Tutel's choice-major [k, T] layout with ids_stride = T).
+  // Order: NaN above +inf above every number above −inf (as torch.topk); −0 == +0; equal scores (NaNs among
+  // themselves too) go to the lower column index. 1 ≤ k ≤ cols (the reference checks it; the others assume
+  // it). Every variant returns the reference's ids exactly.
+  void (*topk_rows_f32)(const float* scores, int64_t rows, int64_t cols, int k, int32_t* ids,
+                        int64_t ids_stride) = nullptr;
 };
 
 // The table for one level (throws xmoe::Error if this CPU/OS cannot run it).

@@ -80,7 +80,7 @@ class LayerEngine final : public LayerEngineBase {
     ids_.resize(kT);
     locations_.resize(kT);
     counts_.resize(static_cast<size_t>(E_));
-    select_top_k(scores, T, E_, k, ids_.data());
+    select_top_k(*ops_.k, scores, T, E_, k, ids_.data());
     Acc* graw = gates_raw_.ensure(kT);
     Acc* g = gates_.ensure(kT);
     Acc* denom = denom_.ensure(static_cast<size_t>(T));

@@ -3,48 +3,43 @@
 #include <algorithm>
 #include <cmath>
 
+#include "moe/parallel.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::moe {
 
-template <class Acc>
-void select_top_k(const Acc* scores, int64_t tokens, int num_experts, int k, int32_t* ids) {
-#pragma omp parallel for schedule(static)
+void select_top_k(const kernels::KernelTable& table, const float* scores, int64_t tokens, int num_experts, int k,
+                  int32_t* ids) {
+  parallel_rows(tokens, 64, [&](int64_t t0, int64_t t1) {
+    table.topk_rows_f32(scores + t0 * num_experts, t1 - t0, num_experts, k, ids + t0, tokens);
+  });
+}
+
+void select_top_k(const kernels::KernelTable&, const double* scores, int64_t tokens, int num_experts, int k,
+                  int32_t* ids) {
+  // NaN above everything, then plain order; a later expert must rank strictly higher to move ahead.
+  auto ranks_above = [](double a, double b) { return a > b || (std::isnan(a) && !std::isnan(b)); };
+  std::vector<int32_t> sel(static_cast<size_t>(k));
+  std::vector<double> val(static_cast<size_t>(k));
   for (int64_t t = 0; t < tokens; ++t) {
-    const Acc* s = scores + t * num_experts;
-    // Insertion into a sorted list of the best k keeps ties in index order: a later expert must be
-    // strictly greater to move ahead of an earlier one.
-    int32_t best[256];
-    Acc best_score[256];
-    int32_t* sel = best;
-    Acc* sel_score = best_score;
-    std::vector<int32_t> big_ids;
-    std::vector<Acc> big_scores;
-    if (k > 256) {
-      big_ids.resize(static_cast<size_t>(k));
-      big_scores.resize(static_cast<size_t>(k));
-      sel = big_ids.data();
-      sel_score = big_scores.data();
-    }
+    const double* s = scores + t * num_experts;
     int n = 0;
     for (int e = 0; e < num_experts; ++e) {
-      const Acc v = s[e];
-      if (n == k && !(v > sel_score[k - 1])) continue;
+      const double v = s[e];
+      if (n == k && !ranks_above(v, val[static_cast<size_t>(k - 1)])) continue;
       int pos = n < k ? n : k - 1;
-      while (pos > 0 && v > sel_score[pos - 1]) {
-        sel[pos] = sel[pos - 1];
-        sel_score[pos] = sel_score[pos - 1];
+      while (pos > 0 && ranks_above(v, val[static_cast<size_t>(pos - 1)])) {
+        sel[static_cast<size_t>(pos)] = sel[static_cast<size_t>(pos - 1)];
+        val[static_cast<size_t>(pos)] = val[static_cast<size_t>(pos - 1)];
         --pos;
       }
-      sel[pos] = e;
-      sel_score[pos] = v;
+      sel[static_cast<size_t>(pos)] = e;
+      val[static_cast<size_t>(pos)] = v;
       if (n < k) ++n;
     }
-    for (int j = 0; j < k; ++j) ids[j * tokens + t] = sel[j];
+    for (int j = 0; j < k; ++j) ids[j * tokens + t] = sel[static_cast<size_t>(j)];
   }
 }
-template void select_top_k<float>(const float*, int64_t, int, int, int32_t*);
-template void select_top_k<double>(const double*, int64_t, int, int, int32_t*);
 
 void compute_locations(const int32_t* ids, int64_t tokens, int num_experts, int k, const int64_t* order,
                        int32_t* locations, int32_t* counts) {

@@ -1,5 +1,6 @@
 // AVX2 f32 GEMM: a 6 × 16 register tile (12 ymm accumulators), the classic Haswell/Zen shape that leaves room
-// for two op(B) vectors and one broadcast. bf16 inputs are widened to f32 while packing and use the same kernel.
+// for two op(B) vectors and one broadcast. bf16 inputs are widened to f32 while packing and use the same
+// kernel.
 #include <immintrin.h>
 
 #include "kernels/cpu/gemm_blocking.hpp"
@@ -19,13 +20,15 @@ struct KernelF32 {
     __m256i mask[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v)
-      mask[v] = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(cols - 8 * v, 0, 8))), lane);
+      mask[v] = _mm256_cmpgt_epi32(
+          _mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(cols - 8 * v, 0, 8))), lane);
     __m256 acc[MR][NV];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v)
-        acc[i][v] = load_c && i < rows ? _mm256_maskload_ps(c + i * ldc + 8 * v, mask[v]) : _mm256_setzero_ps();
+        acc[i][v] =
+            load_c && i < rows ? _mm256_maskload_ps(c + i * ldc + 8 * v, mask[v]) : _mm256_setzero_ps();
     }
     for (int64_t s = 0; s < slots; ++s) {
       __m256 bv[NV];

@@ -8,6 +8,8 @@
 namespace xmoe::kernels::avx512 {
 namespace {
 
+constexpr int64_t kPrefetch = 8;  // k-slots ahead (measured on Zen 4: 4 and 16 were slower)
+
 template <int MR, int NV>
 struct KernelF32 {
   static constexpr int mr = MR, nr = 16 * NV, kpack = 1;
@@ -26,9 +28,15 @@ struct KernelF32 {
     for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v)
-        acc[i][v] = load_c && i < rows ? _mm512_maskz_loadu_ps(mask[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
+        acc[i][v] =
+            load_c && i < rows ? _mm512_maskz_loadu_ps(mask[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
     }
     for (int64_t s = 0; s < slots; ++s) {
+      // The packed panels outgrow L1 at this kc; fetching a few slots ahead keeps the FMAs fed from L2.
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v)
+        _mm_prefetch(reinterpret_cast<const char*>(b + (s + kPrefetch) * nr + 16 * v), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(a + (s + kPrefetch) * MR), _MM_HINT_T0);
       __m512 bv[NV];
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) bv[v] = _mm512_load_ps(b + s * nr + 16 * v);
@@ -48,15 +56,8 @@ struct KernelF32 {
   }
 };
 
-#ifndef TMR
-#define TMR 14
-#define TNV 2
-#define TMC 12
-#define TKC 256
-#define TNC 2048
-#endif
-using Kernel = KernelF32<TMR, TNV>;
-constexpr GemmBlocking kBlocking{.mc = TMR * TMC, .kc = TKC, .nc = TNC};
+using Kernel = KernelF32<14, 2>;
+constexpr GemmBlocking kBlocking{.mc = 14 * 12, .kc = 512, .nc = 2048};
 constexpr int kMacsPerPackedElement = 16;
 
 }  // namespace

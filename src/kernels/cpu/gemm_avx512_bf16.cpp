@@ -1,7 +1,7 @@
-// AVX512-BF16 GEMM: VDPBF16PS multiplies bf16 pairs and adds both products into f32 lanes, twice the f32 FMA rate.
-// Packing lays op(A) and op(B) out as k-pairs (2s, 2s+1); an odd tail pairs with a zero, and a pair never straddles
-// a kc block, so every C element is one chain over pairs in ascending k order. The instruction treats bf16
-// denormal inputs as zero, where the reference multiplies them exactly.
+// AVX512-BF16 GEMM: VDPBF16PS multiplies bf16 pairs and adds both products into f32 lanes, twice the f32 FMA
+// rate. Packing lays op(A) and op(B) out as k-pairs (2s, 2s+1); an odd tail pairs with a zero, and a pair
+// never straddles a kc block, so every C element is one chain over pairs in ascending k order. The
+// instruction treats bf16 denormal inputs as zero, where the reference multiplies them exactly.
 #include <immintrin.h>
 
 #include "kernels/cpu/gemm_blocking.hpp"
@@ -10,13 +10,15 @@
 namespace xmoe::kernels::avx512_bf16 {
 namespace {
 
+constexpr int64_t kPrefetch = 8;  // k-pair slots ahead
+
 template <int MR, int NV>
 struct KernelBf16 {
   static constexpr int mr = MR, nr = 16 * NV, kpack = 2;
   using Packed = bf16;
 
-  static void run(int64_t slots, const bf16* a, const bf16* b, float* c, int64_t ldc, int64_t rows, int64_t cols,
-                  bool load_c) {
+  static void run(int64_t slots, const bf16* a, const bf16* b, float* c, int64_t ldc, int64_t rows,
+                  int64_t cols, bool load_c) {
     __mmask16 mask[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
@@ -28,9 +30,16 @@ struct KernelBf16 {
     for (int i = 0; i < MR; ++i) {
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v)
-        acc[i][v] = load_c && i < rows ? _mm512_maskz_loadu_ps(mask[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
+        acc[i][v] =
+            load_c && i < rows ? _mm512_maskz_loadu_ps(mask[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
     }
     for (int64_t s = 0; s < slots; ++s) {
+      // The packed panels outgrow L1 at this kc; fetching a few slots ahead keeps the dot products fed from
+      // L2.
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v)
+        _mm_prefetch(reinterpret_cast<const char*>(b + ((s + kPrefetch) * NV + v) * 32), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(a + (s + kPrefetch) * MR * 2), _MM_HINT_T0);
       __m512bh bv[NV];
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_load_si512(b + (s * NV + v) * 32);
@@ -52,19 +61,16 @@ struct KernelBf16 {
   }
 };
 
-#ifndef TMR
-#define TMR 14
-#define TNV 2
-#define TMC 12
-#define TKC 512
-#define TNC 2048
-#endif
-using Kernel = KernelBf16<TMR, TNV>;
-constexpr GemmBlocking kBlocking{.mc = TMR * TMC, .kc = TKC, .nc = TNC};
+// 6 × 64 measured a few percent ahead of 14 × 32 here (fewer broadcasts per dot product) and wastes less of a
+// small token block.
+using Kernel = KernelBf16<6, 4>;
+constexpr GemmBlocking kBlocking{.mc = 6 * 12, .kc = 1024, .nc = 2048};
 constexpr int kMacsPerPackedElement = 32;
 
 }  // namespace
 
-void gemm_bf16(const GemmArgs<bf16, float>& args) { gemm_blocked<Kernel>(args, kBlocking, kMacsPerPackedElement); }
+void gemm_bf16(const GemmArgs<bf16, float>& args) {
+  gemm_blocked<Kernel>(args, kBlocking, kMacsPerPackedElement);
+}
 
 }  // namespace xmoe::kernels::avx512_bf16

@@ -1,12 +1,12 @@
 // GotoBLAS/BLIS-style blocking and packing shared by the GEMM variants; each variant supplies only its
-// register-blocked microkernel. Plain C++ (no intrinsics): the packing loops are vectorised by the compiler with
-// the including file's ISA flags.
+// register-blocked microkernel. Plain C++ (no intrinsics): the packing loops are vectorised by the compiler
+// with the including file's ISA flags.
 //
 // Determinism: every C element is one FMA chain in ascending k order. The first kc block starts from zero (or
 // from C when accumulating), every later block starts from the value the previous block stored in C, and the
 // microkernel accumulates its slots in order. Tiling and threading only decide which thread runs a chain and
-// where it stops to store, never the order of its operations, so results are bit-identical for any thread count
-// and tile edges; zero k-steps appended at the end add exact zeros.
+// where it stops to store, never the order of its operations, so results are bit-identical for any thread
+// count and tile edges; zero k-steps appended at the end add exact zeros.
 #pragma once
 #include <omp.h>
 
@@ -32,8 +32,12 @@ struct GemmBlocking {
   int64_t nc;  // columns of op(B) packed per block (a multiple of the kernel's nr); sized for L3
 };
 
-constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-constexpr int64_t ceil_div(int64_t x, int64_t m) { return (x + m - 1) / m; }
+constexpr int64_t round_up(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
+constexpr int64_t ceil_div(int64_t x, int64_t m) {
+  return (x + m - 1) / m;
+}
 
 template <class P, class In>
 inline P to_packed(In x) {
@@ -50,24 +54,52 @@ inline P packed_zero() {
   return P{};
 }
 
-// Packs op(A)[i0 : i0+rows, p0 : p0+depth] into micro-panels of MR rows: panel r holds, for each k-slot s, the
-// MR × KP values op(A)[i0 + r·MR + i, p0 + s·KP + q] at [s][i][q]. Rows past `rows` and k past `depth` are
-// zero so that edge tiles run the same full-size kernel.
+// Transposes `count` (≤ R) rows of `depth` values, `ld` apart, into one [slot][row][q] micro-panel. It walks
+// 64-byte stretches of each row in turn: rows `ld` apart often share L1 sets, so a row-at-a-time slot order
+// would miss on nearly every read, while whole stretches use each fetched line once and the 16-slot output
+// block stays in L1.
+template <int R, int KP, class P, class In>
+void pack_rows(const In* src, int64_t ld, int64_t count, int64_t depth, P* panel) {
+  constexpr int64_t kBlock = 64 / sizeof(In) / KP;  // slots per 64-byte stretch of a source row
+  const int64_t whole = depth / KP;
+  for (int64_t s0 = 0; s0 < whole; s0 += kBlock) {
+    const int64_t s1 = std::min(whole, s0 + kBlock);
+    for (int64_t i = 0; i < count; ++i) {
+      const In* row = src + i * ld;
+      __builtin_prefetch(row + (s1 + kBlock) * KP);  // a stride the hardware prefetcher does not follow
+      for (int64_t s = s0; s < s1; ++s) {
+#pragma GCC unroll 2
+        for (int q = 0; q < KP; ++q) panel[s * R * KP + i * KP + q] = to_packed<P>(row[s * KP + q]);
+      }
+    }
+  }
+  for (int64_t p = whole * KP; p < depth; ++p)
+    for (int64_t i = 0; i < count; ++i)
+      panel[(p / KP) * R * KP + i * KP + p % KP] = to_packed<P>(src[i * ld + p]);
+}
+
+constexpr int64_t kRowsAhead = 8;  // source rows prefetched ahead when a panel takes a short stretch of each
+
+// Packs op(A)[i0 : i0+rows, p0 : p0+depth] into micro-panels of MR rows: panel r holds, for each k-slot s,
+// the MR × KP values op(A)[i0 + r·MR + i, p0 + s·KP + q] at [s][i][q]. Rows past `rows` and k past `depth`
+// are zero so that edge tiles run the same full-size kernel.
 template <int MR, int KP, class P, class In>
-void pack_a(const In* a, int64_t lda, bool trans, int64_t i0, int64_t rows, int64_t p0, int64_t depth, P* dst) {
+void pack_a(const In* a, int64_t lda, bool trans, int64_t i0, int64_t rows, int64_t p0, int64_t depth,
+            P* dst) {
   const int64_t slots = ceil_div(depth, KP);
   for (int64_t r0 = 0; r0 < rows; r0 += MR) {
     P* panel = dst + r0 * slots * KP;
     const int64_t mr = std::min<int64_t>(MR, rows - r0);
     if (mr < MR || slots * KP != depth) std::fill(panel, panel + MR * slots * KP, packed_zero<P>());
     if (!trans) {
-      for (int64_t i = 0; i < mr; ++i) {
-        const In* src = a + (i0 + r0 + i) * lda + p0;
-        for (int64_t p = 0; p < depth; ++p) panel[(p / KP) * MR * KP + i * KP + p % KP] = to_packed<P>(src[p]);
-      }
+      pack_rows<MR, KP>(a + (i0 + r0) * lda + p0, lda, mr, depth, panel);
     } else {
       for (int64_t p = 0; p < depth; ++p) {
         const In* src = a + (p0 + p) * lda + i0 + r0;
+        if (p + kRowsAhead < depth) {
+          __builtin_prefetch(src + kRowsAhead * lda);
+          __builtin_prefetch(src + kRowsAhead * lda + mr - 1);
+        }
         P* out = panel + (p / KP) * MR * KP + p % KP;
         for (int64_t i = 0; i < mr; ++i) out[i * KP] = to_packed<P>(src[i]);
       }
@@ -78,7 +110,8 @@ void pack_a(const In* a, int64_t lda, bool trans, int64_t i0, int64_t rows, int6
 // Packs op(B)[p0 : p0+depth, j0 : j0+cols] into micro-panels of NR columns: panel c holds, for each k-slot s,
 // op(B)[p0 + s·KP + q, j0 + c·NR + j] at [s][j][q] (the pair layout VDPBF16PS reads when KP = 2).
 template <int NR, int KP, class P, class In>
-void pack_b(const In* b, int64_t ldb, bool trans, int64_t p0, int64_t depth, int64_t j0, int64_t cols, P* dst) {
+void pack_b(const In* b, int64_t ldb, bool trans, int64_t p0, int64_t depth, int64_t j0, int64_t cols,
+            P* dst) {
   const int64_t slots = ceil_div(depth, KP);
   for (int64_t c0 = 0; c0 < cols; c0 += NR) {
     P* panel = dst + c0 * slots * KP;
@@ -87,18 +120,22 @@ void pack_b(const In* b, int64_t ldb, bool trans, int64_t p0, int64_t depth, int
     if (!trans) {
       for (int64_t p = 0; p < depth; ++p) {
         const In* src = b + (p0 + p) * ldb + j0 + c0;
+        // Each row contributes one short stretch per panel, rows ldb apart: without this the copy waits on
+        // memory latency for every row.
+        if (p + kRowsAhead < depth) {
+          __builtin_prefetch(src + kRowsAhead * ldb);
+          __builtin_prefetch(src + kRowsAhead * ldb + nr - 1);
+        }
         P* out = panel + (p / KP) * NR * KP + p % KP;
         if (KP == 1 && nr == NR) {
+#pragma GCC ivdep
           for (int64_t j = 0; j < NR; ++j) out[j] = to_packed<P>(src[j]);
         } else {
           for (int64_t j = 0; j < nr; ++j) out[j * KP] = to_packed<P>(src[j]);
         }
       }
     } else {
-      for (int64_t j = 0; j < nr; ++j) {
-        const In* src = b + (j0 + c0 + j) * ldb + p0;
-        for (int64_t p = 0; p < depth; ++p) panel[(p / KP) * NR * KP + j * KP + p % KP] = to_packed<P>(src[p]);
-      }
+      pack_rows<NR, KP>(b + (j0 + c0) * ldb + p0, ldb, nr, depth, panel);
     }
   }
 }
@@ -130,8 +167,9 @@ struct ThreadRange {
   int64_t m0 = 0, m1 = 0, n0 = 0, n1 = 0;
 };
 
-// Picks the tm × tn grid for `threads` threads that minimises the slowest thread's modelled time (its multiply
-// plus its packing: each thread packs all the op(B) columns it owns, and its op(A) rows once per nc block).
+// Picks the tm × tn grid for `threads` threads that minimises the slowest thread's modelled time (its
+// multiply plus its packing: each thread packs all the op(B) columns it owns, and its op(A) rows once per nc
+// block).
 inline void choose_grid(int64_t m, int64_t n, int64_t k, int mr, int nr, int64_t nc, int flops_per_pack,
                         int threads, int& tm, int& tn) {
   const int64_t mt = ceil_div(m, mr), nt = ceil_div(n, nr);
@@ -141,7 +179,8 @@ inline void choose_grid(int64_t m, int64_t n, int64_t k, int mr, int nr, int64_t
     if (threads % a != 0) continue;
     const int b = threads / a;
     if (a > mt || b > nt) continue;
-    const double rows = static_cast<double>(ceil_div(mt, a) * mr), cols = static_cast<double>(ceil_div(nt, b) * nr);
+    const double rows = static_cast<double>(ceil_div(mt, a) * mr),
+                 cols = static_cast<double>(ceil_div(nt, b) * nr);
     const double pack = cols * k + rows * k * static_cast<double>(ceil_div(static_cast<int64_t>(cols), nc));
     const double cost = rows * cols * k / flops_per_pack + pack;
     if (best < 0 || cost < best) best = cost, tm = a, tn = b;
@@ -166,9 +205,9 @@ struct AlignedFree {
 // Kernel requirements: static constexpr int mr, nr, kpack; using Packed; and
 //   static void run(int64_t slots, const Packed* a_panel, const Packed* b_panel, float* c, int64_t ldc,
 //                   int64_t rows, int64_t cols, bool load_c);
-// computing the full mr × nr tile over `slots` k-slots (starting from C where load_c, else zero) and storing its
-// first rows × cols elements. `flops_per_pack` weighs one packed element against multiply-adds in the grid
-// choice (roughly the kernel's multiply-adds per cycle).
+// computing the full mr × nr tile over `slots` k-slots (starting from C where load_c, else zero) and storing
+// its first rows × cols elements. `flops_per_pack` weighs one packed element against multiply-adds in the
+// grid choice (roughly the kernel's multiply-adds per cycle).
 template <class K, class In>
 void gemm_blocked(const GemmArgs<In, float>& g, GemmBlocking blk, int flops_per_pack) {
   if (gemm_trivial(g)) return;
@@ -176,17 +215,18 @@ void gemm_blocked(const GemmArgs<In, float>& g, GemmBlocking blk, int flops_per_
   constexpr int MR = K::mr, NR = K::nr, KP = K::kpack;
   const int64_t m = g.m, n = g.n, k = g.k;
 
-  const int64_t kc = std::min(blk.kc, round_up(k, KP));
-  const int64_t mc = std::min(blk.mc, round_up(m, MR));
-  const int64_t nc = std::min(blk.nc, round_up(n, NR));
+  // Whole micro-panels per block: the packing writes full mr / nr panels and pairs of k.
+  const int64_t kc = std::min(round_up(blk.kc, KP), round_up(k, KP));
+  const int64_t mc = std::min(round_up(blk.mc, MR), round_up(m, MR));
+  const int64_t nc = std::min(round_up(blk.nc, NR), round_up(n, NR));
   const int64_t a_elems = round_up(mc * kc, 64), b_elems = round_up(kc * nc, 64);
   const int64_t per_thread = a_elems + b_elems;
 
   // Tiny products cannot pay for waking a team; the partition never changes results.
   const double macs = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  const int threads = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(macs / (1 << 18)) + 1));
-  std::unique_ptr<P[], AlignedFree> buffer(static_cast<P*>(::operator new[](
-      static_cast<size_t>(per_thread * threads) * sizeof(P), std::align_val_t{64})));
+  const int threads = static_cast<int>(std::clamp(macs / (1 << 18) + 1, 1.0, double(omp_get_max_threads())));
+  std::unique_ptr<P[], AlignedFree> buffer(static_cast<P*>(
+      ::operator new[](static_cast<size_t>(per_thread * threads) * sizeof(P), std::align_val_t{64})));
 
 #pragma omp parallel num_threads(threads)
   {
@@ -209,6 +249,18 @@ void gemm_blocked(const GemmArgs<In, float>& g, GemmBlocking blk, int flops_per_
             for (int64_t jr = 0; jr < nb; jr += NR) {
               const P* bpanel = bp + jr * slots * KP;
               for (int64_t ir = 0; ir < mb; ir += MR) {
+                // C tiles lie rows apart (often a multiple of 4 KiB, so they conflict in L1); fetching the
+                // next tile while this one multiplies hides that latency from the kernel's C loads.
+                const int64_t next = ir + MR < mb ? ir + MR : 0;
+                const int64_t next_j = ir + MR < mb ? jr : jr + NR;
+                if (load_c && next_j < nb) {
+                  const int64_t rows = std::min<int64_t>(MR, mb - next);
+                  for (int64_t i = 0; i < rows; ++i) {
+                    const float* row = g.c + (ic + next + i) * g.ldc + jc + next_j;
+                    for (int64_t j = 0; j < std::min<int64_t>(NR, nb - next_j); j += 16)
+                      __builtin_prefetch(row + j, 1, 3);
+                  }
+                }
                 K::run(slots, ap + ir * slots * KP, bpanel, g.c + (ic + ir) * g.ldc + jc + jr, g.ldc,
                        std::min<int64_t>(MR, mb - ir), std::min<int64_t>(NR, nb - jr), load_c);
               }

@@ -1,5 +1,5 @@
-// The GEMM oracle: every C element is a plain multiply-then-add chain in ascending k order, accumulated in the
-// output type (f32 for f32/bf16 inputs, f64 for f64). The loop order only keeps memory access contiguous.
+// The GEMM oracle: every C element is a plain multiply-then-add chain in ascending k order, accumulated in
+// the output type (f32 for f32/bf16 inputs, f64 for f64). The loop order only keeps memory access contiguous.
 #include "kernels/cpu/gemm_blocking.hpp"
 #include "kernels/cpu/variants.hpp"
 
@@ -18,7 +18,9 @@ Out widen(In x) {
 template <class In, class Out>
 void gemm_loops(const GemmArgs<In, Out>& g) {
   if (gemm_trivial(g)) return;
-  auto a_at = [&](int64_t i, int64_t p) { return widen<Out>(g.trans_a ? g.a[p * g.lda + i] : g.a[i * g.lda + p]); };
+  auto a_at = [&](int64_t i, int64_t p) {
+    return widen<Out>(g.trans_a ? g.a[p * g.lda + i] : g.a[i * g.lda + p]);
+  };
   for (int64_t i = 0; i < g.m; ++i) {
     Out* c = g.c + i * g.ldc;
     if (g.trans_b) {
@@ -42,8 +44,14 @@ void gemm_loops(const GemmArgs<In, Out>& g) {
 
 }  // namespace
 
-void gemm_f32(const GemmArgs<float, float>& args) { gemm_loops(args); }
-void gemm_bf16(const GemmArgs<bf16, float>& args) { gemm_loops(args); }
-void gemm_f64(const GemmArgs<double, double>& args) { gemm_loops(args); }
+void gemm_f32(const GemmArgs<float, float>& args) {
+  gemm_loops(args);
+}
+void gemm_bf16(const GemmArgs<bf16, float>& args) {
+  gemm_loops(args);
+}
+void gemm_f64(const GemmArgs<double, double>& args) {
+  gemm_loops(args);
+}
 
 }  // namespace xmoe::kernels::reference

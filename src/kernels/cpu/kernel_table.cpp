@@ -18,7 +18,8 @@ namespace {
   t.dot_f32 = ns::dot_f32;                             \
   t.scale_bf16 = ns::scale_bf16;                       \
   t.axpy_bf16_f32 = ns::axpy_bf16_f32;                 \
-  t.dot_bf16_f32 = ns::dot_bf16_f32;
+  t.dot_bf16_f32 = ns::dot_bf16_f32;                   \
+  t.topk_rows_f32 = ns::topk_rows_f32;
 
 KernelTable make_reference() {
   KernelTable t;

@@ -22,7 +22,9 @@
   float dot_f32(const float* a, const float* b, int64_t n);                                           \
   void scale_bf16(float a, const bf16* x, bf16* y, int64_t n);                                        \
   void axpy_bf16_f32(float a, const bf16* x, float* y, int64_t n);                                    \
-  float dot_bf16_f32(const bf16* a, const float* b, int64_t n);
+  float dot_bf16_f32(const bf16* a, const float* b, int64_t n);                                       \
+  void topk_rows_f32(const float* scores, int64_t rows, int64_t cols, int k, int32_t* ids,            \
+                     int64_t ids_stride);
 
 namespace xmoe::kernels {
 namespace reference {
