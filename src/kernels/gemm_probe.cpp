@@ -67,7 +67,7 @@ double measure_gemm_gflops(const KernelTable& t, DType dtype, int64_t m, int64_t
 double measure_fma_peak_gflops(const KernelTable& t, DType dtype) {
   // The GEMM splits m across threads when m is the long side, giving each thread its own 256-row block.
   const int64_t threads = std::max(1, omp_get_max_threads());
-  return measure_gemm_gflops(t, dtype, 256 * threads, 256, 512, 0.3);
+  return measure_gemm_gflops(t, dtype, 256 * threads, 512, 1024, 0.3);
 }
 
 }  // namespace xmoe::kernels

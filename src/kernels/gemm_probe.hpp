@@ -15,10 +15,10 @@ namespace xmoe::kernels {
 double measure_gemm_gflops(const KernelTable& t, DType dtype, int64_t m, int64_t n, int64_t k,
                            double seconds);
 
-// The practical peak of t's GEMM for `dtype`: the rate of a GEMM whose packed operands stay in each thread's
-// L2 (per thread a 256 × 256 tile of C over k = 512), so the microkernel, not memory, bounds it. It is what
-// the kernels reach on this machine, not the datasheet FMA peak (a register-only FMA loop would be a few
-// percent higher); runs for about 0.3 s.
+// The practical peak of t's GEMM for `dtype`: the rate of a GEMM whose operands stay in cache (per thread a
+// 256 × 512 block of C over k = 1024, a few MB in L2 and L3), so the microkernel and packing, not DRAM,
+// bound it. It is what the kernels reach on this machine, not the datasheet FMA peak: packing is only partly
+// amortised at this size, so on Zen 4 it reads about 75-85% of a register-only FMA loop. Takes ~0.3 s.
 double measure_fma_peak_gflops(const KernelTable& t, DType dtype);
 
 }  // namespace xmoe::kernels

@@ -1,8 +1,8 @@
 // GotoBLAS/BLIS-style blocking and packing shared by the GEMM variants; each variant supplies only its
-// register-blocked microkernel. Plain C++ (no intrinsics): the packing loops are vectorised by the compiler
-// with the including file's ISA flags.
+// register-blocked microkernel. Plain C++ (no intrinsics), compiled with the including file's ISA flags.
 //
-// Determinism: every C element is one FMA chain in ascending k order. The first kc block starts from zero (or
+// Determinism: every C element is one FMA chain in ascending k order (for VDPBF16PS, a chain over k-pairs
+// (2s, 2s+1)). The first kc block starts from zero (or
 // from C when accumulating), every later block starts from the value the previous block stored in C, and the
 // microkernel accumulates its slots in order. Tiling and threading only decide which thread runs a chain and
 // where it stops to store, never the order of its operations, so results are bit-identical for any thread
@@ -27,9 +27,9 @@ namespace xmoe::kernels {
 namespace {
 
 struct GemmBlocking {
-  int64_t mc;  // rows of op(A) packed per block (a multiple of the kernel's mr); sized for L2
-  int64_t kc;  // k per block (a multiple of the kernel's kpack); bounds the packed panels
-  int64_t nc;  // columns of op(B) packed per block (a multiple of the kernel's nr); sized for L3
+  int64_t mc;  // rows of op(A) packed per block (rounded up to the kernel's mr); sized for L2
+  int64_t kc;  // k per block (rounded up to the kernel's kpack); fewer C loads and stores as it grows
+  int64_t nc;  // columns of op(B) packed per block (rounded up to the kernel's nr); sized for L3
 };
 
 constexpr int64_t round_up(int64_t x, int64_t m) {
