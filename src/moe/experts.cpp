@@ -32,15 +32,24 @@ Parameter& add_expert_param(std::vector<std::unique_ptr<Parameter>>& params, con
   return *params.back();
 }
 
-void init_uniform(Tensor& t, double bound, uint64_t seed, uint64_t stream) {
+// Where element i of a local [count, rows, cols] expert tensor sits in the whole model's [E, full_rows, cols]
+// tensor, the local rows being [row_begin, row_begin + rows) of each expert's full_rows.
+struct ShardIndex {
+  int64_t first, rows, cols, full_rows, row_begin;
+  uint64_t operator()(int64_t i) const {
+    const int64_t per = rows * cols, l = i / per, r = (i % per) / cols, c = i % cols;
+    return static_cast<uint64_t>(((first + l) * full_rows + row_begin + r) * cols + c);
+  }
+};
+
+void init_uniform(Tensor& t, double bound, uint64_t seed, uint64_t stream, const ShardIndex& at) {
   CounterRng rng(seed, stream);
-  for (int64_t i = 0; i < t.numel(); ++i)
-    t.set(i, (2.0 * rng.uniform(static_cast<uint64_t>(i)) - 1.0) * bound);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, (2.0 * rng.uniform(at(i)) - 1.0) * bound);
 }
 
-void init_normal(Tensor& t, double stddev, uint64_t seed, uint64_t stream) {
+void init_normal(Tensor& t, double stddev, uint64_t seed, uint64_t stream, const ShardIndex& at) {
   CounterRng rng(seed, stream);
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, stddev * rng.normal(static_cast<uint64_t>(i)));
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, stddev * rng.normal(at(i)));
 }
 
 template <class S>
@@ -71,10 +80,10 @@ template <class S>
 class FfnExperts final : public Experts<S> {
  public:
   using Acc = acc_t<S>;
-  FfnExperts(const MoeConfig& c, std::vector<std::unique_ptr<Parameter>>& params)
-      : E_(c.experts.num_experts),
+  FfnExperts(const MoeConfig& c, const ExpertShard& sh, std::vector<std::unique_ptr<Parameter>>& params)
+      : E_(sh.count),
         M_(c.model_dim),
-        H_(c.experts.hidden_size),
+        H_(sh.hidden_size),
         O_(c.experts.output_dim > 0 ? c.experts.output_dim : c.model_dim),
         act_(parse_activation(c.experts.activation)) {
     w1_ = &add_expert_param(params, "experts.batched_fc1_w", {E_, H_, M_}, c.dtype);
@@ -83,21 +92,25 @@ class FfnExperts final : public Experts<S> {
       b1_ = &add_expert_param(params, "experts.batched_fc1_bias", {E_, H_}, c.dtype);
     if (c.experts.has_fc2_bias)
       b2_ = &add_expert_param(params, "experts.batched_fc2_bias", {E_, O_}, c.dtype);
-    init_uniform(w1_->value, 1.0 / std::sqrt(static_cast<double>(M_)), c.seed_experts, 0);
-    init_uniform(w2_->value, 1.0 / std::sqrt(static_cast<double>(H_)), c.seed_experts, 1);
+    const int64_t full_h = c.experts.hidden_size;
+    init_uniform(w1_->value, 1.0 / std::sqrt(static_cast<double>(M_)), c.seed_experts, 0,
+                 ShardIndex{sh.first, H_, M_, full_h, sh.hidden_begin});
+    init_uniform(w2_->value, 1.0 / std::sqrt(static_cast<double>(full_h)), c.seed_experts, 1,
+                 ShardIndex{sh.first, H_, O_, full_h, sh.hidden_begin});
   }
   int64_t output_dim() const override { return O_; }
 
-  void forward(const Ops<S>& ops, const S* x, std::span<const int64_t> off, S* y) override {
-    const int64_t R = off[static_cast<size_t>(E_)];
+  void forward_rows(const Ops<S>& ops, const S* x, std::span<const ExpertRange> ranges, int64_t R,
+                    S* y) override {
     Acc* pre = pre_.ensure(static_cast<size_t>(R * H_));
     S* a = act_out_.ensure(static_cast<size_t>(R * H_));
     Acc* a_acc = act_stage_.acc_for(a, static_cast<size_t>(R * H_));
     Acc* y_acc = out_stage_.acc_for(y, static_cast<size_t>(R * O_));
     const Acc* b1 = bias_acc(ops, b1_, H_, b1_acc_);
     const Acc* b2 = bias_acc(ops, b2_, O_, b2_acc_);
-    for (int64_t e = 0; e < E_; ++e) {
-      const int64_t r0 = off[static_cast<size_t>(e)], r = off[static_cast<size_t>(e) + 1] - r0;
+    for (const ExpertRange& rg : ranges) {
+      const int64_t e = rg.expert, r0 = rg.begin, r = rg.end - rg.begin;
+      XMOE_CHECK(e >= 0 && e < E_ && r0 >= 0 && r >= 0 && rg.end <= R, "experts: bad row range");
       if (r == 0) continue;
       ops.gemm(gemm_args<S, Acc>(r, H_, M_, x + r0 * M_, M_, false, w1_->value.data<S>() + e * H_ * M_, M_,
                                  true, pre + r0 * H_, H_, false));
@@ -178,26 +191,34 @@ template <class S>
 class SwigluExperts final : public Experts<S> {
  public:
   using Acc = acc_t<S>;
-  SwigluExperts(const MoeConfig& c, std::vector<std::unique_ptr<Parameter>>& params)
-      : E_(c.experts.num_experts), M_(c.model_dim), H_(c.experts.hidden_size) {
+  SwigluExperts(const MoeConfig& c, const ExpertShard& sh, std::vector<std::unique_ptr<Parameter>>& params)
+      : E_(sh.count), M_(c.model_dim), H_(sh.hidden_size) {
     gate_ = &add_expert_param(params, "experts.gate_proj", {E_, H_, M_}, c.dtype);
     up_ = &add_expert_param(params, "experts.up_proj", {E_, H_, M_}, c.dtype);
     down_ = &add_expert_param(params, "experts.down_proj", {E_, M_, H_}, c.dtype);
-    init_normal(gate_->value, 0.01, c.seed_experts, 0);
-    init_normal(up_->value, 0.01, c.seed_experts, 1);
-    init_normal(down_->value, 0.01, c.seed_experts, 2);
+    const int64_t full_h = c.experts.hidden_size;
+    init_normal(gate_->value, 0.01, c.seed_experts, 0, ShardIndex{sh.first, H_, M_, full_h, sh.hidden_begin});
+    init_normal(up_->value, 0.01, c.seed_experts, 1, ShardIndex{sh.first, H_, M_, full_h, sh.hidden_begin});
+    // down_proj [E, M, H]: the shard is a column block, so map (row m, column h) separately.
+    CounterRng down_rng(c.seed_experts, 2);
+    for (int64_t i = 0; i < down_->value.numel(); ++i) {
+      const int64_t l = i / (M_ * H_), m = (i / H_) % M_, h = i % H_;
+      const auto g = static_cast<uint64_t>(((sh.first + l) * M_ + m) * full_h + sh.hidden_begin + h);
+      down_->value.set(i, 0.01 * down_rng.normal(g));
+    }
   }
   int64_t output_dim() const override { return M_; }
 
-  void forward(const Ops<S>& ops, const S* x, std::span<const int64_t> off, S* y) override {
-    const int64_t R = off[static_cast<size_t>(E_)];
+  void forward_rows(const Ops<S>& ops, const S* x, std::span<const ExpertRange> ranges, int64_t R,
+                    S* y) override {
     Acc* g = g_.ensure(static_cast<size_t>(R * H_));
     Acc* u = u_.ensure(static_cast<size_t>(R * H_));
     S* a = a_.ensure(static_cast<size_t>(R * H_));
     Acc* a_acc = a_stage_.acc_for(a, static_cast<size_t>(R * H_));
     Acc* y_acc = y_stage_.acc_for(y, static_cast<size_t>(R * M_));
-    for (int64_t e = 0; e < E_; ++e) {
-      const int64_t r0 = off[static_cast<size_t>(e)], r = off[static_cast<size_t>(e) + 1] - r0;
+    for (const ExpertRange& rg : ranges) {
+      const int64_t e = rg.expert, r0 = rg.begin, r = rg.end - rg.begin;
+      XMOE_CHECK(e >= 0 && e < E_ && r0 >= 0 && r >= 0 && rg.end <= R, "experts: bad row range");
       if (r == 0) continue;
       const S* xe = x + r0 * M_;
       ops.gemm(gemm_args<S, Acc>(r, H_, M_, xe, M_, false, gate_->value.data<S>() + e * H_ * M_, M_, true,
@@ -285,8 +306,17 @@ class CustomExperts final : public Experts<S> {
     }
   }
   int64_t output_dim() const override { return O_; }
-  void forward(const Ops<S>&, const S* x, std::span<const int64_t> off, S* y) override {
-    const int64_t R = off.back();
+  bool supports_row_ranges() const override { return false; }
+  void forward_rows(const Ops<S>&, const S* x, std::span<const ExpertRange> ranges, int64_t R, S* y) override {
+    // A CustomExpert sees one range per expert, in order, covering the buffer.
+    offsets_.assign(1, 0);
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      XMOE_CHECK(ranges[i].expert == static_cast<int64_t>(i) && ranges[i].begin == offsets_.back(),
+                 "experts.custom: row ranges must be one per expert, in order");
+      offsets_.push_back(ranges[i].end);
+    }
+    XMOE_CHECK(offsets_.back() == R, "experts.custom: row ranges must cover the buffer");
+    const std::span<const int64_t> off = offsets_;
     Tensor xt = Tensor::wrap(const_cast<S*>(x), {R, M_}, dtype_, nullptr);
     Tensor yt = Tensor::wrap(y, {R, O_}, dtype_, nullptr);
     custom_->forward(xt, off, yt);
@@ -308,16 +338,21 @@ class CustomExperts final : public Experts<S> {
   int64_t M_, O_;
   DType dtype_;
   Buffer<S> dx_store_;
+  std::vector<int64_t> offsets_;
 };
 
 }  // namespace
 
+ExpertShard whole_model_shard(const MoeConfig& c) {
+  return ExpertShard{0, c.experts.num_experts, 0, c.experts.hidden_size};
+}
+
 template <class S>
-std::unique_ptr<Experts<S>> make_experts(const MoeConfig& c,
+std::unique_ptr<Experts<S>> make_experts(const MoeConfig& c, const ExpertShard& shard,
                                          std::vector<std::unique_ptr<Parameter>>& params) {
   const std::string& type = c.experts.type;
-  if (type == "ffn") return std::make_unique<FfnExperts<S>>(c, params);
-  if (type == "swiglu") return std::make_unique<SwigluExperts<S>>(c, params);
+  if (type == "ffn") return std::make_unique<FfnExperts<S>>(c, shard, params);
+  if (type == "swiglu") return std::make_unique<SwigluExperts<S>>(c, shard, params);
   if (type == "custom") {
     XMOE_CHECK(c.experts.custom != nullptr, "experts.custom: type 'custom' needs an expert object");
     return std::make_unique<CustomExperts<S>>(c, params);
@@ -325,11 +360,12 @@ std::unique_ptr<Experts<S>> make_experts(const MoeConfig& c,
   throw Error("experts.type: unknown '" + type + "' (expected ffn, swiglu or custom)");
 }
 
-template std::unique_ptr<Experts<float>> make_experts<float>(const MoeConfig&,
-                                                             std::vector<std::unique_ptr<Parameter>>&);
-template std::unique_ptr<Experts<bf16>> make_experts<bf16>(const MoeConfig&,
-                                                           std::vector<std::unique_ptr<Parameter>>&);
-template std::unique_ptr<Experts<double>> make_experts<double>(const MoeConfig&,
-                                                               std::vector<std::unique_ptr<Parameter>>&);
+#define XMOE_INSTANTIATE(S)                                                                     \
+  template std::unique_ptr<Experts<S>> make_experts<S>(const MoeConfig&, const ExpertShard&, \
+                                                       std::vector<std::unique_ptr<Parameter>>&);
+XMOE_INSTANTIATE(float)
+XMOE_INSTANTIATE(bf16)
+XMOE_INSTANTIATE(double)
+#undef XMOE_INSTANTIATE
 
 }  // namespace xmoe::moe

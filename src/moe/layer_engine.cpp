@@ -29,7 +29,7 @@ class LayerEngine final : public LayerEngineBase {
       : cfg_(c), E_(c.experts.num_experts), M_(c.model_dim) {
     ops_.k = &table;
     gate_ = make_gate<S>(c, params);
-    experts_ = make_experts<S>(c, params);
+    experts_ = make_experts<S>(c, whole_model_shard(c), params);
     O_ = experts_->output_dim();
   }
 
