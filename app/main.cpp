@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <iostream>
 
+#include "a2a_bench.hpp"
 #include "bench.hpp"
 #include "kernels/cpu_features.hpp"
+#include "reshard_cmd.hpp"
 #include "xmoe/error.hpp"
 
 namespace {
@@ -87,6 +89,10 @@ int main(int argc, char** argv) {
       app.add_subcommand("bench", "Tutel helloworld: train or eval steps of a one-layer MoE model");
   add_bench_flags(*bench_cmd, bench);
   CLI::App* info_cmd = app.add_subcommand("info", "CPU features and the kernel level xmoe would use");
+  xmoe::app::A2aBenchOptions a2a_bench;
+  CLI::App* a2a_bench_cmd = xmoe::app::add_a2a_bench_subcommand(app, a2a_bench);
+  xmoe::app::ReshardOptions reshard;
+  CLI::App* reshard_cmd = xmoe::app::add_reshard_subcommand(app, reshard);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -104,6 +110,8 @@ int main(int argc, char** argv) {
                   xmoe::kernels::isa_name(xmoe::kernels::best_isa(f)), omp_get_max_threads());
       return 0;
     }
+    if (reshard_cmd->parsed()) return xmoe::app::run_reshard(reshard);
+    if (a2a_bench_cmd->parsed()) return xmoe::app::run_a2a_bench(a2a_bench);
     return xmoe::app::run_bench(bench);
   } catch (const xmoe::Error& e) {
     std::fprintf(stderr, "xmoe: %s\n", e.what());

@@ -36,6 +36,14 @@ Tensor random_tensor(const Shape& s, DType dtype, uint64_t seed, double scale = 
   return t;
 }
 
+Switches make_switches(int k, double cf, ExpertExecution execution = ExpertExecution::padded) {
+  Switches s;
+  s.top_k = k;
+  s.capacity_factor = cf;
+  s.execution = execution;
+  return s;
+}
+
 Switches top_k_only(int k) {
   Switches s;
   s.top_k = k;
@@ -100,12 +108,11 @@ TEST(MoeLayer, NoWorkspaceGrowthAfterWarmupWhenSwitching) {
   Tensor x = random_tensor({T, 12}, DType::f32, 1);
   Tensor dy = random_tensor({T, 12}, DType::f32, 2);
   const std::vector<std::pair<int, double>> schedule = {{4, 0.0}, {1, 1.0}, {2, -1.0}, {3, 2.0}};
-  for (auto [k, cf] : schedule)
-    run(layer, x, dy, Switches{.top_k = k, .capacity_factor = cf});  // warm-up over every configuration
+  for (auto [k, cf] : schedule) run(layer, x, dy, make_switches(k, cf));  // warm-up over every configuration
   const size_t warm = layer.workspace_bytes();
   for (int rep = 0; rep < 3; ++rep)
     for (auto [k, cf] : schedule) {
-      Switches sw{k, cf};
+      Switches sw = make_switches(k, cf);
       sw.execution = rep % 2 ? ExpertExecution::grouped : ExpertExecution::padded;
       run(layer, x, dy, sw);
       EXPECT_EQ(layer.workspace_bytes(), warm) << "k=" << k << " cf=" << cf;
@@ -245,8 +252,7 @@ TEST(MoeLayer, FiniteDifferencesF64) {
          c.experts.has_fc1_bias = c.experts.has_fc2_bias = false, c.experts.output_dim = 7;
        },
        {}},
-      {"top swiglu dropless", [](MoeConfig& c) { c.experts.type = "swiglu"; },
-       Switches{.top_k = 0, .capacity_factor = 0.0}},
+      {"top swiglu dropless", [](MoeConfig& c) { c.experts.type = "swiglu"; }, make_switches(0, 0.0)},
       {"cosine ffn k1", [](MoeConfig& c) { c.gate.type = "cosine_top", c.gate.proj_dim = 6; }, top_k_only(1)},
       {"cosine swiglu not-postscore k4",
        [](MoeConfig& c) {
@@ -256,8 +262,8 @@ TEST(MoeLayer, FiniteDifferencesF64) {
       {"gshard with noise", [](MoeConfig& c) { c.gate.gate_noise = 1.0; }, {}},
       {"importance+load loss", [](MoeConfig& c) { c.gate.gate_noise = 1.0, c.is_gshard_loss = false; }, {}},
       {"bpr capped dropless grouped", [](MoeConfig& c) { c.batch_prioritized_routing = true; },
-       Switches{.top_k = 2, .capacity_factor = -0.5, .execution = ExpertExecution::grouped}},
-      {"drops cf 0.5", [](MoeConfig&) {}, Switches{.top_k = 2, .capacity_factor = 0.5}},
+       make_switches(2, -0.5, ExpertExecution::grouped)},
+      {"drops cf 0.5", [](MoeConfig&) {}, make_switches(2, 0.5)},
   };
   for (auto& tc : cases) {
     MoeConfig c = small_config(DType::f64);
@@ -310,7 +316,7 @@ TEST(MoeLayer, CustomExpertForwardAndGradients) {
     MoeLayer layer(c);
     const int64_t T = 9;
     Tensor x = random_tensor({T, 6}, DType::f64, 7);
-    ForwardResult r = layer.forward(x, Switches{.top_k = 2, .capacity_factor = 0.0});
+    ForwardResult r = layer.forward(x, make_switches(2, 0.0));
     const RoutingSummary& s = layer.last_routing();
     const Tensor& scale = layer.parameter("experts.scale").value;
     Tensor wg = layer.parameter("gate.wg").value;
@@ -332,7 +338,7 @@ TEST(MoeLayer, CustomExpertForwardAndGradients) {
       }
     }
   }
-  check_finite_differences(c, Switches{.top_k = 2, .capacity_factor = 0.0}, "custom expert");
+  check_finite_differences(c, make_switches(2, 0.0), "custom expert");
 }
 
 template <class Fn>
@@ -434,7 +440,7 @@ TEST(MoeLayer, LeadingDimsAndZeroTokens) {
   EXPECT_EQ(dx.shape(), Shape({3, 5, 12}));
   Tensor empty = Tensor::empty({0, 12}, DType::f32);
   for (double cf : {1.0, 0.0, -1.0}) {
-    ForwardResult e = layer.forward(empty, Switches{.top_k = 2, .capacity_factor = cf});
+    ForwardResult e = layer.forward(empty, make_switches(2, cf));
     EXPECT_EQ(e.y.numel(), 0);
     EXPECT_EQ(layer.last_routing().capacity, 0);
     EXPECT_EQ(layer.backward(Tensor::empty({0, 12}, DType::f32)).numel(), 0);

@@ -12,6 +12,8 @@
 
 namespace xmoe {
 
+class Communicator;
+
 struct Parameter {
   std::string name;
   Tensor value;            // layer dtype
@@ -65,6 +67,8 @@ struct MoeConfig {
   int64_t capacity_alignment = 1;
   uint64_t seed_gate = 1;  // Tutel's seeds (s_gate, s_local)
   uint64_t seed_experts = 1;
+  int adaptive_r = 1;  // expert-parallel default: 1 = expert parallel, 0 = data parallel (gather experts)
+  int a2a_overlap_degree = 1;  // expert-parallel default: capacity chunks whose all-to-all overlaps compute
   std::string isa;  // kernel level cap ("reference", "avx2", "avx512", ...); empty = best this CPU runs
 };
 
@@ -80,6 +84,8 @@ struct Switches {
   ExpertExecution execution = ExpertExecution::padded;
   bool training = true;           // gate noise applies only in training
   const Tensor* noise = nullptr;  // [T, E] N(0,1) draws to use for gate noise instead of the layer's own
+  std::optional<int> adaptive_r;  // unset: the config's (the same value on every rank of the group)
+  int a2a_overlap_degree = 0;     // 0: the config's (the same value on every rank of the group)
 };
 
 struct ForwardResult {
@@ -104,7 +110,10 @@ struct PhaseTimes {  // seconds of the last forward / backward
 
 class MoeLayer {
  public:
-  explicit MoeLayer(const MoeConfig& config);  // validates; throws xmoe::Error naming the field
+  // validates; throws xmoe::Error naming the field. With a group of W > 1 ranks the layer is expert parallel:
+  // E = experts.num_experts global experts, E / W of them held (and initialised as in the single-process
+  // layer) by each rank; every rank calls forward/backward collectively with its own tokens.
+  explicit MoeLayer(const MoeConfig& config, std::shared_ptr<Communicator> group = nullptr);
   ~MoeLayer();
   MoeLayer(MoeLayer&&) noexcept;
   MoeLayer& operator=(MoeLayer&&) noexcept;

@@ -307,7 +307,8 @@ class CustomExperts final : public Experts<S> {
   }
   int64_t output_dim() const override { return O_; }
   bool supports_row_ranges() const override { return false; }
-  void forward_rows(const Ops<S>&, const S* x, std::span<const ExpertRange> ranges, int64_t R, S* y) override {
+  void forward_rows(const Ops<S>&, const S* x, std::span<const ExpertRange> ranges, int64_t R,
+                    S* y) override {
     // A CustomExpert sees one range per expert, in order, covering the buffer.
     offsets_.assign(1, 0);
     for (size_t i = 0; i < ranges.size(); ++i) {
@@ -360,7 +361,7 @@ std::unique_ptr<Experts<S>> make_experts(const MoeConfig& c, const ExpertShard& 
   throw Error("experts.type: unknown '" + type + "' (expected ffn, swiglu or custom)");
 }
 
-#define XMOE_INSTANTIATE(S)                                                                     \
+#define XMOE_INSTANTIATE(S)                                                                  \
   template std::unique_ptr<Experts<S>> make_experts<S>(const MoeConfig&, const ExpertShard&, \
                                                        std::vector<std::unique_ptr<Parameter>>&);
 XMOE_INSTANTIATE(float)

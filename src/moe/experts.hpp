@@ -24,8 +24,8 @@ class Experts {
   // Runs the given row ranges of a buffer of total_rows rows (ranges may come in several calls between two
   // backwards, e.g. one per overlap chunk; each row's result does not depend on how rows are grouped). What
   // backward needs is kept per row, so backward sees every row of the buffer at once.
-  virtual void forward_rows(const Ops<S>& ops, const S* x, std::span<const ExpertRange> ranges, int64_t total_rows,
-                            S* y) = 0;
+  virtual void forward_rows(const Ops<S>& ops, const S* x, std::span<const ExpertRange> ranges,
+                            int64_t total_rows, S* y) = 0;
   // Whether forward_rows accepts arbitrary ranges (a user's CustomExpert takes one range per expert only).
   virtual bool supports_row_ranges() const { return true; }
   void forward(const Ops<S>& ops, const S* x, std::span<const int64_t> offsets, S* y) {
@@ -43,8 +43,8 @@ class Experts {
   std::vector<ExpertRange> ranges_;
 };
 
-// Which experts (and which hidden slice) an Experts object holds: experts [first, first + count) of the global E,
-// each with hidden rows [hidden_begin, hidden_begin + hidden_size) of the full expert.
+// Which experts (and which hidden slice) an Experts object holds: experts [first, first + count) of the
+// global E, each with hidden rows [hidden_begin, hidden_begin + hidden_size) of the full expert.
 struct ExpertShard {
   int first = 0, count = 0;
   int64_t hidden_begin = 0, hidden_size = 0;
@@ -52,8 +52,8 @@ struct ExpertShard {
 ExpertShard whole_model_shard(const MoeConfig& config);
 
 // Creates the experts named by config.experts.type holding `shard`; appends their parameters. Initial values
-// are the whole model's (config.seed_experts) at the shard's positions, so a sharded layer starts from exactly
-// the single-process weights.
+// are the whole model's (config.seed_experts) at the shard's positions, so a sharded layer starts from
+// exactly the single-process weights.
 template <class S>
 std::unique_ptr<Experts<S>> make_experts(const MoeConfig& config, const ExpertShard& shard,
                                          std::vector<std::unique_ptr<Parameter>>& params);

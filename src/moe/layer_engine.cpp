@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
+#include "moe/expert_parallel.hpp"
 #include "moe/losses.hpp"
 #include "moe/parallel.hpp"
 #include "util/random.hpp"
@@ -24,12 +26,27 @@ class LayerEngine final : public LayerEngineBase {
  public:
   using Acc = acc_t<S>;
 
-  LayerEngine(const MoeConfig& c, const kernels::KernelTable& table,
+  LayerEngine(const MoeConfig& c, const kernels::KernelTable& table, Communicator* group,
               std::vector<std::unique_ptr<Parameter>>& params)
-      : cfg_(c), E_(c.experts.num_experts), M_(c.model_dim) {
+      : cfg_(c),
+        E_(c.experts.num_experts),
+        M_(c.model_dim),
+        group_(group && group->size() > 1 ? group : nullptr) {
     ops_.k = &table;
     gate_ = make_gate<S>(c, params);
-    experts_ = make_experts<S>(c, whole_model_shard(c), params);
+    if (!group_) {
+      experts_ = make_experts<S>(c, whole_model_shard(c), params);
+    } else {
+      const int W = group_->size();
+      XMOE_CHECK(E_ % W == 0, "experts.num_experts: ", E_, " experts over ", W,
+                 " ranks: expert parallelism needs a multiple of the group size");
+      const int L = E_ / W;
+      const size_t first_param = params.size();
+      experts_ = make_experts<S>(c, ExpertShard{group_->rank() * L, L, 0, c.experts.hidden_size}, params);
+      std::vector<Parameter*> local;
+      for (size_t i = first_param; i < params.size(); ++i) local.push_back(params[i].get());
+      stage_ = std::make_unique<ExpertParallelStage<S>>(c, *group_, *experts_, local);
+    }
     O_ = experts_->output_dim();
   }
 
@@ -47,6 +64,14 @@ class LayerEngine final : public LayerEngineBase {
     x_shape_ = x_in.shape();
     const int64_t T = M_ ? x_.numel() / M_ : 0;
     T_ = T, k_ = k;
+    const int r = sw.adaptive_r ? *sw.adaptive_r : cfg_.adaptive_r;
+    const int overlap = sw.a2a_overlap_degree > 0 ? sw.a2a_overlap_degree : cfg_.a2a_overlap_degree;
+    XMOE_CHECK(r == 0 || r == 1, "adaptive_r: must be 0 (data parallel) or 1 (expert parallel), got ", r);
+    XMOE_CHECK(overlap >= 1 && overlap <= 64, "a2a_overlap_degree: must be in [1, 64], got ", overlap);
+    XMOE_CHECK(
+        !group_ || sw.execution == ExpertExecution::padded,
+        "execution: grouped (dropless) execution is not available with expert parallelism yet; use padded");
+    r_ = r;
     const bool noisy = sw.training && cfg_.gate.gate_noise > 0;
     if (noisy && sw.noise)
       XMOE_CHECK(sw.noise->numel() == T * E_, "noise: expected [", T, ", ", E_, "] draws, got ",
@@ -103,8 +128,19 @@ class LayerEngine final : public LayerEngineBase {
       order = order_.data();
     }
     compute_locations(ids_.data(), T, E_, k, order, locations_.data(), counts_.data());
-    const int64_t max_count = T ? *std::max_element(counts_.begin(), counts_.end()) : 0;
-    capacity_ = compute_capacity(cf, k, T, E_, max_count, cfg_.capacity_alignment);
+    int64_t max_count = T ? *std::max_element(counts_.begin(), counts_.end()) : 0;
+    int64_t capacity_tokens = T, alignment = cfg_.capacity_alignment;
+    if (group_) {
+      // Every rank needs the same C: take the group's largest token count and expert count (so ranks with
+      // different, even zero, token counts never disagree; Tutel needs inequivalent_tokens=True for this).
+      const int64_t mine[2] = {T, max_count};
+      int64_t group_max[2];
+      group_->all_reduce(mine, group_max, 2, ElementType::i64, ReduceOp::max);
+      capacity_tokens = group_max[0];
+      max_count = group_max[1];
+      alignment = std::lcm(alignment, static_cast<int64_t>(overlap));
+    }
+    capacity_ = compute_capacity(cf, k, capacity_tokens, E_, max_count, alignment);
     plan_rows(ids_.data(), locations_.data(), counts_.data(), T, E_, k, capacity_, sw.execution, plan_);
     double aux;
     if (cfg_.is_gshard_loss) {
@@ -136,7 +172,10 @@ class LayerEngine final : public LayerEngineBase {
 
     t0 = Clock::now();
     S* yd = expert_out_.ensure(static_cast<size_t>(R * O_));
-    experts_->forward(ops_, disp, plan_.offsets, yd);
+    if (stage_)
+      stage_->forward(ops_, disp, capacity_, r, overlap, yd);
+    else
+      experts_->forward(ops_, disp, plan_.offsets, yd);
     times.experts = seconds_since(t0);
 
     // Decode: y[t] = Σ_j w_j·Y[row_j], w = gate weight when postscore.
@@ -221,7 +260,10 @@ class LayerEngine final : public LayerEngineBase {
 
     auto t0 = Clock::now();
     Acc* dxd = ddispatched_.ensure(static_cast<size_t>(R * M_));
-    experts_->backward(ops_, dispatched_.data(), dyd, plan_.offsets, dxd);
+    if (stage_)
+      stage_->backward(ops_, dispatched_.data(), dyd, dxd);
+    else
+      experts_->backward(ops_, dispatched_.data(), dyd, plan_.offsets, dxd);
     times.backward_experts = seconds_since(t0);
 
     // Encode backward: dx[t] = Σ_j w_j·dX[row_j]; without postscore, dg = ⟨dX[row], x[t]⟩.
@@ -285,7 +327,7 @@ class LayerEngine final : public LayerEngineBase {
            gates_.bytes() + denom_.bytes() + dispatched_.bytes() + expert_out_.bytes() + dgates_.bytes() +
            dy_acc_.bytes() + dexpert_out_.bytes() + ddispatched_.bytes() + dx_acc_.bytes() +
            dscores_.bytes() + dnoisy_.bytes() + dlogits_.bytes() + dclean_.bytes() +
-           gate_->workspace_bytes() + experts_->workspace_bytes() +
+           gate_->workspace_bytes() + experts_->workspace_bytes() + (stage_ ? stage_->workspace_bytes() : 0) +
            sizeof(int32_t) * (ids_.capacity() + locations_.capacity()) +
            sizeof(int64_t) * (order_.capacity() + plan_.row_of.capacity());
   }
@@ -317,6 +359,9 @@ class LayerEngine final : public LayerEngineBase {
   Ops<S> ops_;
   std::unique_ptr<Gate<S>> gate_;
   std::unique_ptr<Experts<S>> experts_;
+  Communicator* group_;
+  std::unique_ptr<ExpertParallelStage<S>> stage_;
+  int r_ = 1;
   uint64_t noise_calls_ = 0;
 
   // State of the last forward, kept for backward.
@@ -336,14 +381,15 @@ class LayerEngine final : public LayerEngineBase {
 }  // namespace
 
 std::unique_ptr<LayerEngineBase> make_layer_engine(const MoeConfig& c, const kernels::KernelTable& table,
+                                                   Communicator* group,
                                                    std::vector<std::unique_ptr<Parameter>>& params) {
   switch (c.dtype) {
     case DType::f32:
-      return std::make_unique<LayerEngine<float>>(c, table, params);
+      return std::make_unique<LayerEngine<float>>(c, table, group, params);
     case DType::bf16:
-      return std::make_unique<LayerEngine<bf16>>(c, table, params);
+      return std::make_unique<LayerEngine<bf16>>(c, table, group, params);
     case DType::f64:
-      return std::make_unique<LayerEngine<double>>(c, table, params);
+      return std::make_unique<LayerEngine<double>>(c, table, group, params);
   }
   throw Error("dtype: unsupported");
 }

@@ -9,6 +9,7 @@
 #include "moe/gates.hpp"
 #include "moe/routing.hpp"
 #include "util/buffer.hpp"
+#include "xmoe/communicator.hpp"
 #include "xmoe/moe_layer.hpp"
 
 namespace xmoe::moe {
@@ -23,7 +24,9 @@ class LayerEngineBase {
   virtual size_t workspace_bytes() const = 0;
 };
 
+// group: null or size 1 for a single-process layer, else the expert-parallel group.
 std::unique_ptr<LayerEngineBase> make_layer_engine(const MoeConfig& config, const kernels::KernelTable& table,
+                                                   Communicator* group,
                                                    std::vector<std::unique_ptr<Parameter>>& params);
 
 }  // namespace xmoe::moe

@@ -6,6 +6,7 @@
 #include "kernels/kernels.hpp"
 #include "moe/experts.hpp"
 #include "moe/layer_engine.hpp"
+#include "xmoe/communicator.hpp"
 #include "xmoe/safetensors.hpp"
 
 namespace xmoe {
@@ -54,6 +55,7 @@ const kernels::KernelTable& choose_kernels(const std::string& isa) {
 
 struct MoeLayer::Impl {
   MoeConfig config;
+  std::shared_ptr<Communicator> group;
   const kernels::KernelTable* table = nullptr;
   std::vector<std::unique_ptr<Parameter>> params;
   std::unique_ptr<moe::LayerEngineBase> engine;
@@ -61,11 +63,13 @@ struct MoeLayer::Impl {
   PhaseTimes times;
 };
 
-MoeLayer::MoeLayer(const MoeConfig& config) : impl_(std::make_unique<Impl>()) {
+MoeLayer::MoeLayer(const MoeConfig& config, std::shared_ptr<Communicator> group)
+    : impl_(std::make_unique<Impl>()) {
   validate(config);
   impl_->config = config;
+  impl_->group = std::move(group);
   impl_->table = &choose_kernels(config.isa);
-  impl_->engine = moe::make_layer_engine(config, *impl_->table, impl_->params);
+  impl_->engine = moe::make_layer_engine(config, *impl_->table, impl_->group.get(), impl_->params);
 }
 
 MoeLayer::~MoeLayer() = default;
@@ -106,8 +110,11 @@ void MoeLayer::zero_grad() {
 void MoeLayer::save(const std::string& path) const {
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& p : impl_->params) tensors.emplace_back(p->name, p->value);
+  const int rank = impl_->group ? impl_->group->rank() : 0, size = impl_->group ? impl_->group->size() : 1;
   save_safetensors(path, tensors,
                    {{"_num_global_experts", std::to_string(impl_->config.experts.num_experts)},
+                    {"_rank", std::to_string(rank)},
+                    {"_world_size", std::to_string(size)},
                     {"format", "xmoe.moe_layer"}});
 }
 

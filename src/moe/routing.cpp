@@ -8,8 +8,8 @@
 
 namespace xmoe::moe {
 
-void select_top_k(const kernels::KernelTable& table, const float* scores, int64_t tokens, int num_experts, int k,
-                  int32_t* ids) {
+void select_top_k(const kernels::KernelTable& table, const float* scores, int64_t tokens, int num_experts,
+                  int k, int32_t* ids) {
   parallel_rows(tokens, 64, [&](int64_t t0, int64_t t1) {
     table.topk_rows_f32(scores + t0 * num_experts, t1 - t0, num_experts, k, ids + t0, tokens);
   });

@@ -11,10 +11,10 @@ namespace xmoe::moe {
 
 // ids[j * T + t] = the j-th best expert of token t (descending score; ties go to the lower expert index; NaN
 // ranks first, as in torch.topk). f32 runs the kernel table's top-k; f64 a plain loop with the same order.
-void select_top_k(const kernels::KernelTable& table, const float* scores, int64_t tokens, int num_experts, int k,
-                  int32_t* ids);
-void select_top_k(const kernels::KernelTable& table, const double* scores, int64_t tokens, int num_experts, int k,
-                  int32_t* ids);
+void select_top_k(const kernels::KernelTable& table, const float* scores, int64_t tokens, int num_experts,
+                  int k, int32_t* ids);
+void select_top_k(const kernels::KernelTable& table, const double* scores, int64_t tokens, int num_experts,
+                  int k, int32_t* ids);
 
 // Tutel's locations: all first choices in token order (or in `order`, the batch-prioritized token order),
 // then all second choices, ... Fills locations [k, T] and counts [E] (every choice counted, before drops).

@@ -1,0 +1,274 @@
+// The expert-parallel layer under mpirun (np = 1, 2, 4) against the single-process layer with the same global
+// weights: every rank runs the single-process layer on every rank's tokens in rank order, which is exactly
+// what expert parallelism computes (routing and capacity are per rank, experts see rows in source-rank order).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "util/random.hpp"
+#include "xmoe/communicator.hpp"
+#include "xmoe/moe_layer.hpp"
+#include "xmoe/mpi.hpp"
+
+namespace xmoe {
+namespace {
+
+std::shared_ptr<Communicator> g_world;  // set once in main
+
+Tensor random_tensor(const Shape& s, DType dtype, uint64_t seed) {
+  Tensor t = Tensor::empty(s, dtype);
+  CounterRng rng(seed);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, rng.normal(static_cast<uint64_t>(i)));
+  return t;
+}
+
+struct Case {
+  std::string expert = "ffn";
+  int k = 2;
+  double cf = 1.0;
+  bool uneven = false;  // rank r has 6·r tokens (rank 0 none)
+  int r = 1;
+  int overlap = 1;
+  DType dtype = DType::f32;
+};
+
+MoeConfig config_for(const Case& c) {
+  MoeConfig m;
+  m.model_dim = 16;
+  m.dtype = c.dtype;
+  m.gate.k = c.k;
+  m.gate.capacity_factor = c.cf;
+  m.experts.type = c.expert;
+  m.experts.num_experts = 4;
+  m.experts.hidden_size = 12;
+  m.experts.activation = "gelu";
+  m.seed_gate = 7;
+  m.seed_experts = 9;
+  return m;
+}
+
+int64_t tokens_of(const Case& c, int rank) { return c.uneven ? 6 * rank : 32; }
+
+Switches switches_for(const Case& c) {
+  Switches s;
+  s.top_k = c.k;
+  s.capacity_factor = c.cf;
+  s.adaptive_r = c.r;
+  s.a2a_overlap_degree = c.overlap;
+  return s;
+}
+
+struct Outcome {
+  Tensor y, dx;
+  double aux = 0;
+  std::vector<Tensor> grads;  // in parameters() order
+};
+
+Outcome run_parallel(const Case& c, MoeLayer& layer) {
+  const int rank = g_world->rank();
+  const int64_t T = tokens_of(c, rank);
+  Tensor x = random_tensor({T, 16}, c.dtype, 100 + static_cast<uint64_t>(rank));
+  Tensor dy = random_tensor({T, 16}, c.dtype, 200 + static_cast<uint64_t>(rank));
+  layer.zero_grad();
+  Outcome o;
+  ForwardResult f = layer.forward(x, switches_for(c));
+  o.y = f.y;
+  o.aux = f.aux_loss;
+  o.dx = layer.backward(dy, 0.5);
+  for (Parameter* p : layer.parameters()) o.grads.push_back(p->grad.clone());
+  return o;
+}
+
+// What rank `rank` must see: the single-process layer on its own tokens, with expert gradients summed over
+// every rank's tokens (run in rank order, so the sums accumulate in the same order as the expert-parallel run).
+Outcome run_reference(const Case& c, int rank, int world) {
+  // Own tokens alone: outputs and the gate's (per-rank) gradients.
+  MoeLayer solo(config_for(c));
+  Outcome own;
+  {
+    const int64_t T = tokens_of(c, rank);
+    Tensor x = random_tensor({T, 16}, c.dtype, 100 + static_cast<uint64_t>(rank));
+    Tensor dy = random_tensor({T, 16}, c.dtype, 200 + static_cast<uint64_t>(rank));
+    solo.zero_grad();
+    ForwardResult f = solo.forward(x, switches_for(c));
+    own.y = f.y;
+    own.aux = f.aux_loss;
+    own.dx = solo.backward(dy, 0.5);
+  }
+  // Every rank's tokens in rank order: the expert gradients.
+  MoeLayer all(config_for(c));
+  all.zero_grad();
+  for (int src = 0; src < world; ++src) {
+    const int64_t T = tokens_of(c, src);
+    Tensor x = random_tensor({T, 16}, c.dtype, 100 + static_cast<uint64_t>(src));
+    Tensor dy = random_tensor({T, 16}, c.dtype, 200 + static_cast<uint64_t>(src));
+    all.forward(x, switches_for(c));
+    all.backward(dy, 0.5);
+  }
+  for (size_t i = 0; i < all.parameters().size(); ++i)
+    own.grads.push_back((all.parameters()[i]->is_expert ? all.parameters()[i] : solo.parameters()[i])->grad.clone());
+  return own;
+}
+
+double max_rel_diff(const Tensor& a, const Tensor& b) {
+  double diff = 0, scale = 1e-30;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    diff = std::max(diff, std::fabs(a.get(i) - b.get(i)));
+    scale = std::max(scale, std::fabs(b.get(i)));
+  }
+  return diff / scale;
+}
+
+void compare(const Case& c, double exact_tol, double grad_tol) {
+  const int rank = g_world->rank(), world = g_world->size();
+  MoeLayer layer(config_for(c), g_world);
+  Outcome got = run_parallel(c, layer);
+  Outcome want = run_reference(c, rank, world);
+  const std::string what = c.expert + " k=" + std::to_string(c.k) + " cf=" + std::to_string(c.cf) +
+                           " r=" + std::to_string(c.r) + " D=" + std::to_string(c.overlap) +
+                           (c.uneven ? " uneven" : "") + " rank " + std::to_string(rank);
+  EXPECT_LE(max_rel_diff(got.y, want.y), exact_tol) << what << ": y";
+  EXPECT_LE(max_rel_diff(got.dx, want.dx), exact_tol) << what << ": dx";
+  EXPECT_NEAR(got.aux, want.aux, 1e-12 * std::max(1.0, std::fabs(want.aux))) << what << ": aux";
+  // Expert parameters here are this rank's slice of the reference's [E, ...] tensors.
+  MoeLayer full(config_for(c));
+  const auto ref_params = full.parameters();
+  ASSERT_EQ(layer.parameters().size(), ref_params.size());
+  for (size_t i = 0; i < ref_params.size(); ++i) {
+    Parameter* p = layer.parameters()[i];
+    Tensor want_grad = want.grads[i];
+    if (p->is_expert && world > 1) {
+      const int64_t L = p->value.dim(0);
+      want_grad = want_grad.slice0(rank * L, (rank + 1) * L);
+      Tensor want_value = ref_params[i]->value.slice0(rank * L, (rank + 1) * L);
+      EXPECT_EQ(max_rel_diff(p->value, want_value), 0.0) << what << ": initial " << p->name;
+    }
+    EXPECT_LE(max_rel_diff(got.grads[i], want_grad), p->is_expert ? grad_tol : exact_tol)
+        << what << ": grad " << p->name;
+  }
+}
+
+TEST(ExpertParallel, MatchesSingleProcessLayer) {
+  for (const char* expert : {"ffn", "swiglu"})
+    for (int k : {1, 2})
+      for (double cf : {1.0, 0.0, -1.5}) {
+        Case c;
+        c.expert = expert, c.k = k, c.cf = cf;
+        compare(c, 0.0, 0.0);
+      }
+}
+
+TEST(ExpertParallel, UnevenAndZeroTokenCounts) {
+  for (double cf : {0.0, -1.5, 1.0}) {
+    Case c;
+    c.uneven = true, c.cf = cf;
+    if (cf > 0) {
+      // Capacity comes from the group's largest token count, which the per-rank reference cannot know; check
+      // that every rank agrees and nothing hangs, and that dropless-style results still hold on own tokens.
+      MoeLayer layer(config_for(c), g_world);
+      Outcome got = run_parallel(c, layer);
+      const int64_t C = layer.last_routing().capacity;
+      int64_t max_c = 0;
+      g_world->all_reduce(&C, &max_c, 1, ElementType::i64, ReduceOp::max);
+      EXPECT_EQ(C, max_c);
+      EXPECT_EQ(got.y.dim(0), tokens_of(c, g_world->rank()));
+      continue;
+    }
+    compare(c, 0.0, 0.0);
+  }
+}
+
+TEST(ExpertParallel, DataParallelRMatches) {
+  for (const char* expert : {"ffn", "swiglu"}) {
+    Case c;
+    c.expert = expert, c.r = 0;
+    compare(c, 0.0, 1e-6);  // expert gradients: reduce-scatter sums ranks in MPI's order
+  }
+}
+
+TEST(ExpertParallel, OverlapDegreesGiveIdenticalBits) {
+  for (int D : {1, 2, 4})
+    for (double cf : {1.0, 0.0}) {
+      Case c;
+      c.overlap = D, c.cf = cf;
+      compare(c, 0.0, 0.0);
+    }
+}
+
+TEST(ExpertParallel, SwitchingEveryStepMatchesFixedConfigurations) {
+  // One layer whose r, D and top_k change on every call against fresh layers fixed to each setting.
+  MoeLayer switching(config_for(Case{}), g_world);
+  const Case schedule[] = {
+      {"ffn", 2, 1.0, false, 1, 1}, {"ffn", 1, 1.0, false, 0, 1}, {"ffn", 2, 0.0, false, 1, 4},
+      {"ffn", 1, -1.5, false, 1, 2}, {"ffn", 2, 1.0, false, 0, 2},
+  };
+  for (const Case& c : schedule) {
+    Outcome a = run_parallel(c, switching);
+    MoeLayer fixed(config_for(c), g_world);
+    Outcome b = run_parallel(c, fixed);
+    const std::string what = "k=" + std::to_string(c.k) + " r=" + std::to_string(c.r) + " D=" + std::to_string(c.overlap);
+    EXPECT_EQ(max_rel_diff(a.y, b.y), 0.0) << what;
+    EXPECT_EQ(max_rel_diff(a.dx, b.dx), 0.0) << what;
+    for (size_t i = 0; i < a.grads.size(); ++i) EXPECT_EQ(max_rel_diff(a.grads[i], b.grads[i]), 0.0) << what;
+  }
+}
+
+TEST(ExpertParallel, Bf16MatchesSingleProcess) {
+  Case c;
+  c.dtype = DType::bf16;
+  compare(c, 0.0, 0.0);
+}
+
+TEST(ExpertParallel, BadGroupSizeNamesTheField) {
+  if (g_world->size() != 2 && g_world->size() != 4) GTEST_SKIP() << "needs 2 or 4 ranks";
+  MoeConfig m = config_for(Case{});
+  m.experts.num_experts = 3;
+  m.gate.k = 1;
+  try {
+    MoeLayer layer(m, g_world);
+    ADD_FAILURE() << "3 experts over " << g_world->size() << " ranks was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("experts.num_experts"), std::string::npos) << e.what();
+  }
+}
+
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (r.failed())
+      std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
+                   r.line_number(), r.summary());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+}  // namespace xmoe
+
+int main(int argc, char** argv) {
+  xmoe::MpiSession session(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (session.world_rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new xmoe::RankFailurePrinter(session.world_rank()));
+  }
+  int rc = 0;
+  {
+    xmoe::g_world = session.world();
+    rc = RUN_ALL_TESTS();
+    int any = 0;
+    xmoe::g_world->all_reduce(&rc, &any, 1, xmoe::ElementType::i32, xmoe::ReduceOp::max);
+    rc = any;
+    xmoe::g_world.reset();
+  }
+  return rc;
+}
