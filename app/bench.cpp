@@ -11,7 +11,12 @@
 #include "kernels/gemm_probe.hpp"
 #include "kernels/kernels.hpp"
 #include "util/random.hpp"
+#include "xmoe/communicator.hpp"
 #include "xmoe/moe_layer.hpp"
+#include "xmoe/training.hpp"
+#ifdef XMOE_HAVE_MPI
+#include "xmoe/mpi.hpp"
+#endif
 
 namespace xmoe::app {
 
@@ -71,12 +76,39 @@ void sgd_step(MoeLayer& layer, double lr) {
   for (Parameter* p : layer.parameters()) {
     const int64_t n = p->value.numel();
     switch (p->value.dtype()) {
-      case DType::f32: sgd_update(p->value.data<float>(), p->grad.data<float>(), n, lr); break;
-      case DType::bf16: sgd_update(p->value.data<bf16>(), p->grad.data<float>(), n, lr); break;
-      case DType::f64: sgd_update(p->value.data<double>(), p->grad.data<double>(), n, lr); break;
+      case DType::f32:
+        sgd_update(p->value.data<float>(), p->grad.data<float>(), n, lr);
+        break;
+      case DType::bf16:
+        sgd_update(p->value.data<bf16>(), p->grad.data<float>(), n, lr);
+        break;
+      case DType::f64:
+        sgd_update(p->value.data<double>(), p->grad.data<double>(), n, lr);
+        break;
     }
   }
   layer.zero_grad();
+}
+
+int parse_parallel_type(const std::string& s) {
+  if (s == "data" || s == "model") return 1;  // with unsharded experts both mean r = 1 (Tutel)
+  if (s.rfind("adaptive:", 0) == 0) {
+    try {
+      size_t used = 0;
+      const int r = std::stoi(s.substr(9), &used);
+      if (used == s.size() - 9 && (r == 0 || r == 1)) return r;
+    } catch (const std::exception&) {
+    }
+  }
+  throw Error("--parallel_type: expected adaptive:0, adaptive:1, data or model, got '" + s + "'");
+}
+
+// Prints on rank 0 only.
+template <class... Args>
+void say(bool root, const char* fmt, Args... args) {
+  if (!root) return;
+  std::printf(fmt, args...);
+  std::fflush(stdout);
 }
 
 double expert_flops(const BenchOptions& o, int64_t rows) {
@@ -88,9 +120,22 @@ double expert_flops(const BenchOptions& o, int64_t rows) {
 }  // namespace
 
 int run_bench(const BenchOptions& o) {
-  XMOE_CHECK(o.top <= o.num_local_experts, "--top: must be <= --num_local_experts=", o.num_local_experts,
-             ", got ", o.top);
   if (o.threads > 0) omp_set_num_threads(o.threads);
+  const int r = o.adaptive_r >= 0 ? o.adaptive_r : parse_parallel_type(o.parallel_type);
+  XMOE_CHECK(r == 0 || r == 1, "--adaptive_r: must be 0 or 1, got ", r);
+#ifdef XMOE_HAVE_MPI
+  std::optional<MpiSession> session;
+  if (std::getenv("OMPI_COMM_WORLD_SIZE")) session.emplace();  // launched by mpirun
+  std::shared_ptr<Communicator> world =
+      session ? std::shared_ptr<Communicator>(session->world()) : make_local_communicator();
+#else
+  std::shared_ptr<Communicator> world = make_local_communicator();
+#endif
+  const int W = world->size();
+  const bool root = world->rank() == 0;
+  XMOE_CHECK(o.top <= o.num_local_experts * W,
+             "--top: must be <= the number of experts (--num_local_experts × ranks = ",
+             o.num_local_experts * W, "), got ", o.top);
 
   MoeConfig cfg;
   cfg.model_dim = o.model_dim;
@@ -100,30 +145,33 @@ int run_bench(const BenchOptions& o) {
   cfg.gate.capacity_factor = o.dropless ? 0.0 : o.capacity_factor;
   cfg.gate.gate_noise = o.gate_noise;
   cfg.experts.type = o.expert_type;
-  cfg.experts.num_experts = o.num_local_experts;
+  cfg.experts.num_experts = o.num_local_experts * W;
+  cfg.a2a_overlap_degree = o.a2a_overlap_degree;
+  cfg.adaptive_r = r;
+  cfg.use_2dh = o.use_2dh;
+  cfg.local_size = o.local_size;
   cfg.experts.hidden_size = o.hidden_size;
   cfg.experts.activation = o.activation;
   cfg.isa = o.isa;
-  MoeLayer layer(cfg);
+  MoeLayer layer(cfg, world);
 
   int64_t expert_params = 0, gate_params = 0;
   for (Parameter* p : layer.parameters()) (p->is_expert ? expert_params : gate_params) += p->value.numel();
-  std::printf("[Statistics] param count for MoE local_experts = %lld, param count for MoE gate = %lld.\n",
-              static_cast<long long>(expert_params), static_cast<long long>(gate_params));
-  std::printf(
-      "[Benchmark] world_size = 1, dtype = %s, model_dim = %lld, hidden_size = %lld, samples = %lld, "
+  say(root, "[Statistics] param count for MoE local_experts = %lld, param count for MoE gate = %lld.\n",
+      static_cast<long long>(expert_params), static_cast<long long>(gate_params));
+  say(root,
+      "[Benchmark] world_size = %d, dtype = %s, model_dim = %lld, hidden_size = %lld, samples = %lld, "
       "num_local_experts = %d, topK = %d, capacity_factor = %g, execution = %s, mode = %s, device = cpu "
-      "(kernels %s, %d threads)\n",
-      o.dtype.c_str(), static_cast<long long>(o.model_dim), static_cast<long long>(o.hidden_size),
+      "(kernels %s, %d threads), adaptive_r = %d, a2a_overlap_degree = %d, use_2dh = %d\n",
+      W, o.dtype.c_str(), static_cast<long long>(o.model_dim), static_cast<long long>(o.hidden_size),
       static_cast<long long>(o.batch_size * o.num_tokens), o.num_local_experts, o.top,
       cfg.gate.capacity_factor, o.dropless ? "grouped" : "padded", o.eval ? "eval" : "train",
-      layer.kernel_isa(), omp_get_max_threads());
-  std::fflush(stdout);
+      layer.kernel_isa(), omp_get_max_threads(), r, o.a2a_overlap_degree, static_cast<int>(o.use_2dh));
 
   const Shape xs{o.batch_size, o.num_tokens, o.model_dim};
   Tensor x = Tensor::empty(xs, cfg.dtype);
   {
-    const CounterRng rng(o.seed, 0);
+    const CounterRng rng(o.seed, static_cast<uint64_t>(world->rank()));
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < x.numel(); ++i) x.set(i, rng.normal(static_cast<uint64_t>(i)));
   }
@@ -135,7 +183,9 @@ int run_bench(const BenchOptions& o) {
   const double flops_per_step = static_cast<double>(o.batch_size * o.num_tokens) *
                                 static_cast<double>(o.model_dim) * static_cast<double>(o.hidden_size) * 4.0 *
                                 (o.eval ? 1.0 : 3.0) * std::min(o.top, o.num_local_experts);
-  std::vector<double> step_t, gate_t, route_t, enc_t, exp_t, dec_t, bwd_t, bwd_exp_t, exp_rate, bwd_exp_rate;
+  double dt_max_ = 0;
+  std::vector<double> comm_t, step_t, gate_t, route_t, enc_t, exp_t, dec_t, bwd_t, bwd_exp_t, exp_rate,
+      bwd_exp_rate;
   for (int step = 0; step < o.num_steps; ++step) {
     const auto t0 = Clock::now();
     ForwardResult r = layer.forward(x, sw);
@@ -143,12 +193,13 @@ int run_bench(const BenchOptions& o) {
     loss += o.l_aux_wt * r.aux_loss;
     if (!o.eval) {
       layer.backward(dy, o.l_aux_wt);
+      if (W > 1) average_shared_gradients(layer, *world);
       sgd_step(layer, o.lr);
     }
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    std::printf("STEP-%d: loss = %.5f, step_time = %.6f sec, perf = %.2f tflops.\n", step, loss, dt,
-                flops_per_step / dt / 1e12);
-    std::fflush(stdout);
+    double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (W > 1) world->all_reduce(&dt, &dt_max_, 1, ElementType::f64, ReduceOp::max), dt = dt_max_;
+    say(root, "STEP-%d: loss = %.5f, step_time = %.6f sec, perf = %.2f tflops.\n", step, loss, dt,
+        flops_per_step / dt / 1e12);
     if (step == 0 && o.num_steps > 1) continue;  // warm-up: buffers grow, pages fault in
     const PhaseTimes& pt = layer.last_times();
     int64_t rows = 0;
@@ -158,6 +209,7 @@ int run_bench(const BenchOptions& o) {
           o.dropless ? std::min<int64_t>(rt.expert_counts[static_cast<size_t>(e)], rt.capacity) : rt.capacity;
     }
     step_t.push_back(dt);
+    comm_t.push_back(pt.communication);
     gate_t.push_back(pt.gate);
     route_t.push_back(pt.routing);
     enc_t.push_back(pt.encode);
@@ -171,10 +223,10 @@ int run_bench(const BenchOptions& o) {
     }
   }
   const double med = median(step_t);
-  std::printf("[Summary] Median step_time = %.6f sec over %zu steps after warm-up, perf = %.2f tflops.\n",
-              med, step_t.size(), flops_per_step / med / 1e12);
+  say(root, "[Summary] Median step_time = %.6f sec over %zu steps after warm-up, perf = %.2f tflops.\n", med,
+      step_t.size(), flops_per_step / med / 1e12);
   const double rd = median(route_t) + median(enc_t) + median(dec_t);
-  std::printf(
+  say(root,
       "[Phases] median seconds: gate %.4f, routing %.4f, encode %.4f, experts %.4f, decode %.4f, backward "
       "%.4f "
       "(experts %.4f); routing+encode+decode = %.2f%% of the step\n",
@@ -183,12 +235,14 @@ int run_bench(const BenchOptions& o) {
   const kernels::KernelTable& table =
       kernels::kernel_table(kernels::parse_isa(layer.kernel_isa()), kernels::detect_cpu_features());
   const double peak = kernels::measure_fma_peak_gflops(table, cfg.dtype);
-  std::printf("[Experts] forward %.1f GFLOP/s = %.1f%% of the measured GEMM peak %.1f GFLOP/s (%s)",
-              median(exp_rate), 100.0 * median(exp_rate) / peak, peak, o.dtype.c_str());
+  if (W > 1)
+    say(root, "[Communication] median %.4f s per step = %.2f%% of the step (all-to-all, gathers; rank 0)\n",
+        median(comm_t), 100.0 * median(comm_t) / med);
+  say(root, "[Experts] forward %.1f GFLOP/s = %.1f%% of the measured GEMM peak %.1f GFLOP/s (%s)",
+      median(exp_rate), 100.0 * median(exp_rate) / peak, peak, o.dtype.c_str());
   if (!o.eval)
-    std::printf("; backward %.1f GFLOP/s = %.1f%%", median(bwd_exp_rate),
-                100.0 * median(bwd_exp_rate) / peak);
-  std::printf("\n");
+    say(root, "; backward %.1f GFLOP/s = %.1f%%", median(bwd_exp_rate), 100.0 * median(bwd_exp_rate) / peak);
+  say(root, "\n");
 
   if (o.measure_switching) {
     // Time the same configuration A when every call follows a switch (B, A, B, A, ...) and when it does not.
@@ -213,10 +267,12 @@ int run_bench(const BenchOptions& o) {
       switched.push_back(time_forward(a));
     }
     std::vector<double> diff;
-    for (int i = 0; i < reps; ++i) diff.push_back(switched[static_cast<size_t>(i)] - steady[static_cast<size_t>(i)]);
+    for (int i = 0; i < reps; ++i)
+      diff.push_back(switched[static_cast<size_t>(i)] - steady[static_cast<size_t>(i)]);
     const double ms = median(steady), mw = median(switched), md = median(diff);
-    std::printf(
-        "[Switching] forward right after a top_k/capacity_factor switch: median %.6f s, unswitched %.6f s; median "
+    say(root,
+        "[Switching] forward right after a top_k/capacity_factor switch: median %.6f s, unswitched %.6f s; "
+        "median "
         "paired difference %+.6f s = %+.2f%% of a forward; workspace %zu -> %zu bytes after warm-up\n",
         mw, ms, md, 100.0 * md / ms, warm_bytes, layer.workspace_bytes());
   }

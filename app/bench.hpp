@@ -27,6 +27,12 @@ struct BenchOptions {
   std::string isa;  // empty = best this CPU runs
   bool measure_switching = false;
   uint64_t seed = 0;
+  // Expert parallelism (under mpirun): E = num_local_experts · ranks.
+  std::string parallel_type = "adaptive:1";  // adaptive:R | data | model (Tutel's; R ∈ {0, 1} here)
+  int adaptive_r = -1;                       // overrides parallel_type when >= 0
+  int a2a_overlap_degree = 1;
+  bool use_2dh = false;
+  int local_size = 0;
 };
 
 int run_bench(const BenchOptions& options);  // returns the process exit code

@@ -77,6 +77,18 @@ void add_bench_flags(CLI::App& cmd, xmoe::app::BenchOptions& o) {
   cmd.add_flag("--measure_switching", o.measure_switching,
                "also time forwards that switch top_k/capacity_factor every call against unswitched ones");
   cmd.add_option("--seed", o.seed, "input seed")->capture_default_str();
+  cmd.add_option("--parallel_type", o.parallel_type,
+                 "under mpirun: adaptive:R (R = 0 data, 1 expert parallel) | data | model")
+      ->capture_default_str();
+  cmd.add_option("--adaptive_r", o.adaptive_r, "under mpirun: 0 = data parallel experts, 1 = expert parallel")
+      ->check(CLI::IsMember({0, 1}));
+  cmd.add_option("--a2a_overlap_degree", o.a2a_overlap_degree,
+                 "under mpirun: capacity chunks overlapping a2a")
+      ->check(positive)
+      ->capture_default_str();
+  cmd.add_flag("--use_2dh", o.use_2dh, "under mpirun: hierarchical all-to-all (nodes of --local_size ranks)");
+  cmd.add_option("--local_size", o.local_size, "ranks per node for --use_2dh (default: LOCAL_SIZE env)")
+      ->check(positive);
 }
 
 }  // namespace

@@ -44,7 +44,8 @@ TEST(Optimizers, MatchTorchOptim) {
     }
     std::vector<double> want = c["expected"];
     for (size_t i = 0; i < want.size(); ++i)
-      EXPECT_NEAR(wg.value.get(static_cast<int64_t>(i)), want[i], 1e-12) << c["kind"] << " " << o.dump() << " [" << i << "]";
+      EXPECT_NEAR(wg.value.get(static_cast<int64_t>(i)), want[i], 1e-12)
+          << c["kind"] << " " << o.dump() << " [" << i << "]";
   }
 }
 

@@ -68,8 +68,11 @@ struct MoeConfig {
   uint64_t seed_gate = 1;  // Tutel's seeds (s_gate, s_local)
   uint64_t seed_experts = 1;
   int adaptive_r = 1;  // expert-parallel default: 1 = expert parallel, 0 = data parallel (gather experts)
-  int a2a_overlap_degree = 1;  // expert-parallel default: capacity chunks whose all-to-all overlaps compute
-  std::string isa;  // kernel level cap ("reference", "avx2", "avx512", ...); empty = best this CPU runs
+  int a2a_overlap_degree = 1;
+  bool use_2dh = false;  // expert parallel: hierarchical (intra-node, then inter-node) all-to-all
+  int local_size = 0;    // ranks per node for use_2dh; 0 = the LOCAL_SIZE environment variable  //
+                         // expert-parallel default: capacity chunks whose all-to-all overlaps compute
+  std::string isa;       // kernel level cap ("reference", "avx2", "avx512", ...); empty = best this CPU runs
 };
 
 enum class ExpertExecution {
@@ -106,6 +109,8 @@ struct RoutingSummary {
 struct PhaseTimes {  // seconds of the last forward / backward
   double gate = 0, routing = 0, encode = 0, experts = 0, decode = 0;
   double backward = 0, backward_experts = 0;
+  double communication =
+      0;  // all-to-all and parameter gathers of the last forward + backward (expert parallel)
 };
 
 class MoeLayer {

@@ -10,7 +10,8 @@
 
 namespace xmoe {
 
-// Divides every shared (non-expert) gradient by the group size and all-reduces it; expert gradients untouched.
+// Divides every shared (non-expert) gradient by the group size and all-reduces it; expert gradients
+// untouched.
 void average_shared_gradients(MoeLayer& layer, Communicator& group);
 
 struct SgdOptions {
@@ -25,8 +26,8 @@ struct AdamOptions {
   double weight_decay = 0.0;  // decoupled (AdamW) when > 0
 };
 
-// Optimizers over a layer's parameters (state kept per parameter name, in the gradient's precision). They step
-// whatever gradients are present: call average_shared_gradients first in data/expert-parallel training.
+// Optimizers over a layer's parameters (state kept per parameter name, in the gradient's precision). They
+// step whatever gradients are present: call average_shared_gradients first in data/expert-parallel training.
 class Sgd {
  public:
   explicit Sgd(SgdOptions options);

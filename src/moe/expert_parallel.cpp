@@ -1,5 +1,6 @@
 #include "moe/expert_parallel.hpp"
 
+#include <chrono>
 #include <cstring>
 
 #include "moe/parallel.hpp"
@@ -42,19 +43,33 @@ ExpertParallelStage<S>::ExpertParallelStage(const MoeConfig& c, Communicator& gr
       M_(c.model_dim),
       O_(local.output_dim()) {
   if (c.experts.type != "custom") full_ = make_experts<S>(c, whole_model_shard(c), full_params_);
+  if (c.use_2dh) two_dim_ = std::make_unique<HierarchicalAllToAll>(group, c.local_size);
+}
+
+template <class S>
+void ExpertParallelStage<S>::all_to_all(const void* send, void* recv, size_t count, ElementType type) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (two_dim_)
+    two_dim_->run(send, recv, count, type);
+  else
+    group_.all_to_all(send, recv, count, type);
+  comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 template <class S>
 void ExpertParallelStage<S>::forward(const Ops<S>& ops, const S* disp, int64_t C, int r, int overlap, S* yd) {
   C_ = C;
   r_ = r;
+  comm_seconds_ = 0;
   const ElementType st = element_type_of<S>();
   if (r == 0) {
     XMOE_CHECK(full_ != nullptr, "adaptive_r: 0 (data parallel) needs built-in experts");
     // Every rank gathers all experts' parameters and runs them on its own tokens.
     for (size_t i = 0; i < local_params_.size(); ++i) {
       const Tensor& v = local_params_[i]->value;
+      const auto t0 = std::chrono::steady_clock::now();
       group_.all_gather(v.raw(), full_params_[i]->value.raw(), static_cast<size_t>(v.numel()), st);
+      comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     std::vector<int64_t> offsets(static_cast<size_t>(E_) + 1);
     for (int e = 0; e <= E_; ++e) offsets[static_cast<size_t>(e)] = e * C;
@@ -67,7 +82,7 @@ void ExpertParallelStage<S>::forward(const Ops<S>& ops, const S* disp, int64_t C
   }
   const int64_t R = static_cast<int64_t>(E_) * C;  // == L·W·C rows on every rank
   S* recv = recv_.ensure(static_cast<size_t>(R * M_));
-  group_.all_to_all(disp, recv, static_cast<size_t>(L_ * C * M_), st);
+  all_to_all(disp, recv, static_cast<size_t>(L_ * C * M_), st);
   S* xl = x_local_.ensure(static_cast<size_t>(R * M_));
   transpose_blocks(recv, xl, W_, L_, C * M_);  // [W][L][C][M] → [L][W][C][M]
   std::vector<int64_t> offsets(static_cast<size_t>(L_) + 1);
@@ -76,7 +91,7 @@ void ExpertParallelStage<S>::forward(const Ops<S>& ops, const S* disp, int64_t C
   local_.forward(ops, xl, offsets, yl);
   S* back = send_back_.ensure(static_cast<size_t>(R * O_));
   transpose_blocks(yl, back, L_, W_, C * O_);  // [L][W][C][O] → [W][L][C][O]
-  group_.all_to_all(back, yd, static_cast<size_t>(L_ * C * O_), st);
+  all_to_all(back, yd, static_cast<size_t>(L_ * C * O_), st);
 }
 
 // Capacity in D chunks: chunk d's all-to-all is in flight while chunk d−1's experts run, and each chunk's
@@ -101,7 +116,9 @@ void ExpertParallelStage<S>::forward_overlapped(const Ops<S>& ops, const S* disp
   std::vector<std::unique_ptr<CommRequest>> in(static_cast<size_t>(D)), out(static_cast<size_t>(D));
   in[0] = group_.all_to_all_async(send, recv, static_cast<size_t>(L_ * Cd * M_), st);
   for (int d = 0; d < D; ++d) {
+    auto t0 = std::chrono::steady_clock::now();
     in[static_cast<size_t>(d)]->wait();
+    comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (d + 1 < D)
       in[static_cast<size_t>(d) + 1] = group_.all_to_all_async(
           send + (d + 1) * chunk_in, recv + (d + 1) * chunk_in, static_cast<size_t>(L_ * Cd * M_), st);
@@ -124,7 +141,9 @@ void ExpertParallelStage<S>::forward_overlapped(const Ops<S>& ops, const S* disp
         group_.all_to_all_async(bc, back_recv + d * chunk_out, static_cast<size_t>(L_ * Cd * O_), st);
   }
   for (int d = 0; d < D; ++d) {
+    const auto t0 = std::chrono::steady_clock::now();
     out[static_cast<size_t>(d)]->wait();
+    comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const S* br = back_recv + d * chunk_out;  // [W][L][Cd][O] = this rank's experts' slots of chunk d
     for (int64_t e = 0; e < WL; ++e)
       std::memcpy(static_cast<void*>(yd + (e * C + d * Cd) * O_), br + e * Cd * O_,
@@ -146,14 +165,16 @@ void ExpertParallelStage<S>::backward(const Ops<S>& ops, const S* disp, const S*
       Tensor& g = local_params_[i]->grad;
       const auto n = static_cast<size_t>(g.numel());
       Acc* sum = grad_scratch_.ensure(n);
+      const auto t0 = std::chrono::steady_clock::now();
       group_.reduce_scatter(full_params_[i]->grad.raw(), sum, n, at, ReduceOp::sum);
+      comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       Acc* dst = g.template data<Acc>();
       for (size_t j = 0; j < n; ++j) dst[j] += sum[j];
     }
     return;
   }
   S* dr = dy_recv_.ensure(static_cast<size_t>(R * O_));
-  group_.all_to_all(dyd, dr, static_cast<size_t>(L_ * C * O_), st);
+  all_to_all(dyd, dr, static_cast<size_t>(L_ * C * O_), st);
   S* dyl = dy_local_.ensure(static_cast<size_t>(R * O_));
   transpose_blocks(dr, dyl, W_, L_, C * O_);
   std::vector<int64_t> offsets(static_cast<size_t>(L_) + 1);
@@ -162,7 +183,7 @@ void ExpertParallelStage<S>::backward(const Ops<S>& ops, const S* disp, const S*
   local_.backward(ops, x_local_.data(), dyl, offsets, dxl);
   Acc* ds = dx_send_.ensure(static_cast<size_t>(R * M_));
   transpose_blocks(dxl, ds, L_, W_, C * M_);
-  group_.all_to_all(ds, dxd, static_cast<size_t>(L_ * C * M_), at);
+  all_to_all(ds, dxd, static_cast<size_t>(L_ * C * M_), at);
 }
 
 template <class S>

@@ -29,9 +29,11 @@ class ExpertParallelStage {
   // experts' parameter gradients.
   void backward(const Ops<S>& ops, const S* disp, const S* dyd, Acc* dxd);
   size_t workspace_bytes() const;
+  double communication_seconds() const { return comm_seconds_; }  // since the last forward began
 
  private:
   void forward_overlapped(const Ops<S>& ops, const S* disp, int overlap, S* yd);
+  void all_to_all(const void* send, void* recv, size_t count, ElementType type);  // flat or 2DH, timed
 
   Communicator& group_;
   Experts<S>& local_;
@@ -45,6 +47,8 @@ class ExpertParallelStage {
   Buffer<S> dy_recv_, dy_local_;
   Buffer<Acc> dx_local_, dx_send_, grad_scratch_;
   std::vector<ExpertRange> ranges_;
+  std::unique_ptr<HierarchicalAllToAll> two_dim_;
+  double comm_seconds_ = 0;
 };
 
 }  // namespace xmoe::moe

@@ -319,6 +319,7 @@ class LayerEngine final : public LayerEngineBase {
       ops_.to_storage(dx + a * M_, dx_out.template data<S>() + a * M_, (b - a) * M_);
     });
     times.backward = seconds_since(t_start);
+    times.communication = stage_ ? stage_->communication_seconds() : 0.0;
     return dx_out;
   }
 

@@ -1,6 +1,7 @@
 // The expert-parallel layer under mpirun (np = 1, 2, 4) against the single-process layer with the same global
 // weights: every rank runs the single-process layer on every rank's tokens in rank order, which is exactly
-// what expert parallelism computes (routing and capacity are per rank, experts see rows in source-rank order).
+// what expert parallelism computes (routing and capacity are per rank, experts see rows in source-rank
+// order).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -54,7 +55,9 @@ MoeConfig config_for(const Case& c) {
   return m;
 }
 
-int64_t tokens_of(const Case& c, int rank) { return c.uneven ? 6 * rank : 32; }
+int64_t tokens_of(const Case& c, int rank) {
+  return c.uneven ? 6 * rank : 32;
+}
 
 Switches switches_for(const Case& c) {
   Switches s;
@@ -87,7 +90,8 @@ Outcome run_parallel(const Case& c, MoeLayer& layer) {
 }
 
 // What rank `rank` must see: the single-process layer on its own tokens, with expert gradients summed over
-// every rank's tokens (run in rank order, so the sums accumulate in the same order as the expert-parallel run).
+// every rank's tokens (run in rank order, so the sums accumulate in the same order as the expert-parallel
+// run).
 Outcome run_reference(const Case& c, int rank, int world) {
   // Own tokens alone: outputs and the gate's (per-rank) gradients.
   MoeLayer solo(config_for(c));
@@ -113,7 +117,8 @@ Outcome run_reference(const Case& c, int rank, int world) {
     all.backward(dy, 0.5);
   }
   for (size_t i = 0; i < all.parameters().size(); ++i)
-    own.grads.push_back((all.parameters()[i]->is_expert ? all.parameters()[i] : solo.parameters()[i])->grad.clone());
+    own.grads.push_back(
+        (all.parameters()[i]->is_expert ? all.parameters()[i] : solo.parameters()[i])->grad.clone());
   return own;
 }
 
@@ -206,14 +211,15 @@ TEST(ExpertParallel, SwitchingEveryStepMatchesFixedConfigurations) {
   // One layer whose r, D and top_k change on every call against fresh layers fixed to each setting.
   MoeLayer switching(config_for(Case{}), g_world);
   const Case schedule[] = {
-      {"ffn", 2, 1.0, false, 1, 1}, {"ffn", 1, 1.0, false, 0, 1}, {"ffn", 2, 0.0, false, 1, 4},
+      {"ffn", 2, 1.0, false, 1, 1},  {"ffn", 1, 1.0, false, 0, 1}, {"ffn", 2, 0.0, false, 1, 4},
       {"ffn", 1, -1.5, false, 1, 2}, {"ffn", 2, 1.0, false, 0, 2},
   };
   for (const Case& c : schedule) {
     Outcome a = run_parallel(c, switching);
     MoeLayer fixed(config_for(c), g_world);
     Outcome b = run_parallel(c, fixed);
-    const std::string what = "k=" + std::to_string(c.k) + " r=" + std::to_string(c.r) + " D=" + std::to_string(c.overlap);
+    const std::string what =
+        "k=" + std::to_string(c.k) + " r=" + std::to_string(c.r) + " D=" + std::to_string(c.overlap);
     EXPECT_EQ(max_rel_diff(a.y, b.y), 0.0) << what;
     EXPECT_EQ(max_rel_diff(a.dx, b.dx), 0.0) << what;
     for (size_t i = 0; i < a.grads.size(); ++i) EXPECT_EQ(max_rel_diff(a.grads[i], b.grads[i]), 0.0) << what;
@@ -259,7 +265,8 @@ TEST(ExpertParallel, TrainingAndReshardMatchSingleProcess) {
   g_world->barrier();
   if (rank == 0) {
     std::vector<std::string> inputs;
-    for (int r = 0; r < W; ++r) inputs.push_back(expand_rank_pattern(stem + "-{rank}-of-{size}.safetensors", r, W));
+    for (int r = 0; r < W; ++r)
+      inputs.push_back(expand_rank_pattern(stem + "-{rank}-of-{size}.safetensors", r, W));
     reshard_gather(inputs, stem + "-merged.safetensors");
     if (W >= 2) reshard_scatter(stem + "-merged.safetensors", 2, stem + "-two-{rank}.safetensors");
   }
@@ -275,6 +282,19 @@ TEST(ExpertParallel, TrainingAndReshardMatchSingleProcess) {
     two.load(stem + "-two-" + std::to_string(pair->rank()) + ".safetensors");
     EXPECT_EQ(max_rel_diff(two.forward(x, switches_for(c)).y, y), 0.0) << "resharded to 2";
   }
+}
+
+TEST(ExpertParallel, TwoDimensionalAllToAllEqualsFlat) {
+  if (g_world->size() != 4) GTEST_SKIP() << "needs 4 ranks (2 nodes of 2)";
+  Case c;
+  MoeConfig flat_cfg = config_for(c), hier_cfg = config_for(c);
+  hier_cfg.use_2dh = true;
+  hier_cfg.local_size = 2;
+  MoeLayer flat(flat_cfg, g_world), hier(hier_cfg, g_world);
+  Outcome a = run_parallel(c, flat), b = run_parallel(c, hier);
+  EXPECT_EQ(max_rel_diff(a.y, b.y), 0.0);
+  EXPECT_EQ(max_rel_diff(a.dx, b.dx), 0.0);
+  for (size_t i = 0; i < a.grads.size(); ++i) EXPECT_EQ(max_rel_diff(a.grads[i], b.grads[i]), 0.0);
 }
 
 TEST(ExpertParallel, Bf16MatchesSingleProcess) {
