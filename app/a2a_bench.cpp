@@ -1,4 +1,5 @@
 #include "a2a_bench.hpp"
+#include "cli_checks.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -21,29 +22,6 @@ namespace xmoe::app {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-const CLI::Validator kPositive(
-    [](std::string& s) -> std::string {
-      try {
-        size_t used = 0;
-        const long long v = std::stoll(s, &used);
-        if (used == s.size() && v > 0) return {};
-      } catch (const std::exception&) {
-      }
-      return "must be a positive integer, got '" + s + "'";
-    },
-    "POSITIVE");
-const CLI::Validator kNonNegative(
-    [](std::string& s) -> std::string {
-      try {
-        size_t used = 0;
-        const long long v = std::stoll(s, &used);
-        if (used == s.size() && v >= 0) return {};
-      } catch (const std::exception&) {
-      }
-      return "must be an integer >= 0, got '" + s + "'";
-    },
-    "NONNEGATIVE");
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
@@ -97,19 +75,21 @@ CLI::App* add_a2a_bench_subcommand(CLI::App& app, A2aBenchOptions& o) {
       "a2a-bench",
       "Tutel bandwidth_test: GB/s of all_to_all, all_reduce, all_gather, reduce_scatter through xmoe's "
       "communicator vs the raw MPI call (run under mpirun)");
-  cmd->add_option("--size_mb", o.size_mb, "send buffer size in MiB")->check(kPositive)->capture_default_str();
+  cmd->add_option("--size_mb", o.size_mb, "send buffer size in MiB")
+      ->check(positive_integer())
+      ->capture_default_str();
   cmd->add_option("--sizes", o.sizes, "comma-separated send buffer sizes in MiB (replaces --size_mb)")
       ->delimiter(',')
-      ->check(kPositive);
+      ->check(positive_integer());
   cmd->add_option("--loop", o.loop, "timed iterations per collective")
-      ->check(kPositive)
+      ->check(positive_integer())
       ->capture_default_str();
   cmd->add_option("--warmup", o.warmup, "untimed iterations first")
-      ->check(kNonNegative)
+      ->check(non_negative_integer())
       ->capture_default_str();
   cmd->add_flag("--use_2dh", o.use_2dh, "also time the hierarchical (2DH) all-to-all");
   cmd->add_option("--local_size", o.local_size, "ranks per node for --use_2dh (default: LOCAL_SIZE env)")
-      ->check(kPositive);
+      ->check(positive_integer());
   return cmd;
 }
 

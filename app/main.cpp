@@ -7,38 +7,15 @@
 
 #include "a2a_bench.hpp"
 #include "bench.hpp"
+#include "cli_checks.hpp"
 #include "kernels/cpu_features.hpp"
 #include "reshard_cmd.hpp"
 #include "xmoe/error.hpp"
 
 namespace {
 
-// CLI11's own range validators print the type's whole range; these say what is expected.
-const CLI::Validator kPositive(
-    [](std::string& s) -> std::string {
-      try {
-        size_t used = 0;
-        const long long v = std::stoll(s, &used);
-        if (used == s.size() && v > 0) return {};
-      } catch (const std::exception&) {
-      }
-      return "must be a positive integer, got '" + s + "'";
-    },
-    "POSITIVE");
-const CLI::Validator kNonNegative(
-    [](std::string& s) -> std::string {
-      try {
-        size_t used = 0;
-        const double v = std::stod(s, &used);
-        if (used == s.size() && v >= 0) return {};
-      } catch (const std::exception&) {
-      }
-      return "must be a number >= 0, got '" + s + "'";
-    },
-    "NONNEGATIVE");
-
 void add_bench_flags(CLI::App& cmd, xmoe::app::BenchOptions& o) {
-  const CLI::Validator& positive = kPositive;
+  const CLI::Validator positive = xmoe::app::positive_integer();
   cmd.add_option("--batch_size", o.batch_size, "sequences per step")->check(positive)->capture_default_str();
   cmd.add_option("--num_tokens", o.num_tokens, "tokens per sequence")->check(positive)->capture_default_str();
   cmd.add_option("--model_dim", o.model_dim, "model dimension M")->check(positive)->capture_default_str();
@@ -68,10 +45,12 @@ void add_bench_flags(CLI::App& cmd, xmoe::app::BenchOptions& o) {
   cmd.add_option("--gate_type", o.gate_type, "top | cosine_top")
       ->check(CLI::IsMember({"top", "cosine_top"}))
       ->capture_default_str();
-  cmd.add_option("--gate_noise", o.gate_noise, "gate noise (training)")->check(kNonNegative);
+  cmd.add_option("--gate_noise", o.gate_noise, "gate noise (training)")
+      ->check(xmoe::app::non_negative_number());
   cmd.add_option("--l_aux_wt", o.l_aux_wt, "aux loss weight")->capture_default_str();
   cmd.add_option("--lr", o.lr, "SGD learning rate")->capture_default_str();
-  cmd.add_option("--threads", o.threads, "OpenMP threads (0 = default)")->check(kNonNegative);
+  cmd.add_option("--threads", o.threads, "OpenMP threads (0 = default)")
+      ->check(xmoe::app::non_negative_number());
   cmd.add_option("--isa", o.isa, "kernel level: reference | avx2 | avx512 | avx512_bf16 (default: best)")
       ->check(CLI::IsMember({"reference", "avx2", "avx512", "avx512_bf16", "amx"}));
   cmd.add_flag("--measure_switching", o.measure_switching,

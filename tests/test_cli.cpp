@@ -1,6 +1,8 @@
 // The xmoe command line as a user runs it: exit codes and messages.
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
+#include "cli_runner.hpp"
 
 #include <array>
 #include <cstdio>
@@ -9,23 +11,8 @@
 
 namespace {
 
-struct CliRun {
-  int code = -1;
-  std::string output;  // stdout and stderr
-};
-
-CliRun run_cli(const std::string& args) {
-  CliRun r;
-  const std::string cmd = std::string(XMOE_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using xmoe::testing_cli::CliRun;
+using xmoe::testing_cli::run_cli;
 
 TEST(Cli, BenchRunsSmallTrainingAndPrintsTutelLines) {
   CliRun r = run_cli(

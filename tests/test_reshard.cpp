@@ -1,7 +1,9 @@
 // Checkpoint resharding (tutel.checkpoint gather/scatter) on per-rank safetensors files.
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
 #include <unistd.h>
+#include "cli_runner.hpp"
 
 #include <array>
 #include <cstdio>
@@ -343,22 +345,8 @@ TEST_F(Reshard, ErrorsNameTheProblem) {
   EXPECT_TRUE(has(msg, "_world_size")) << msg;
 }
 
-struct CliRun {
-  int code = -1;
-  std::string output;
-};
-
-CliRun run_cli(const std::string& args) {
-  CliRun r;
-  FILE* p = popen((std::string(XMOE_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using xmoe::testing_cli::CliRun;
+using xmoe::testing_cli::run_cli;
 
 TEST_F(Reshard, CliScatterAndGather) {
   CliRun r = run_cli("reshard scatter --input '" + global_path_ + "' --output_size 8 --outputs '" +

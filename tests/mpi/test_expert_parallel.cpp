@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "mpi_test_main.hpp"
 #include "util/random.hpp"
 #include "xmoe/communicator.hpp"
 #include "xmoe/moe_layer.hpp"
@@ -316,38 +317,10 @@ TEST(ExpertParallel, BadGroupSizeNamesTheField) {
   }
 }
 
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (r.failed())
-      std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
-                   r.line_number(), r.summary());
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 }  // namespace xmoe
 
 int main(int argc, char** argv) {
-  xmoe::MpiSession session(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  if (session.world_rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new xmoe::RankFailurePrinter(session.world_rank()));
-  }
-  int rc = 0;
-  {
-    xmoe::g_world = session.world();
-    rc = RUN_ALL_TESTS();
-    int any = 0;
-    xmoe::g_world->all_reduce(&rc, &any, 1, xmoe::ElementType::i32, xmoe::ReduceOp::max);
-    rc = any;
-    xmoe::g_world.reset();
-  }
-  return rc;
+  return xmoe::testing_mpi::run_all_tests(
+      argc, argv, [](std::shared_ptr<xmoe::Communicator> w) { xmoe::g_world = std::move(w); });
 }

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "mpi_test_main.hpp"
 #include "xmoe/communicator.hpp"
 #include "xmoe/error.hpp"
 #include "xmoe/mpi.hpp"
@@ -347,42 +348,10 @@ TEST(MpiCollectives, HierarchicalRejectsLocalSizeThatDoesNotDivide) {
 }
 
 // On ranks other than 0: report failures only, prefixed with the rank, instead of the full gtest output.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (!r.failed()) return;
-    std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
-                 r.line_number(), r.summary());
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 }  // namespace xmoe
 
 int main(int argc, char** argv) {
-  xmoe::MpiSession session(&argc, &argv);
-  ::testing::InitGoogleTest(&argc, argv);
-  if (session.world_rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new xmoe::RankFailurePrinter(session.world_rank()));
-  }
-  int rc = 0;
-  {
-    auto world = session.world();
-    xmoe::g_world = world.get();
-    rc = RUN_ALL_TESTS();
-    // Rank 0's summary covers only its own checks: make the job's result say whether any rank failed.
-    int any = 0;
-    world->all_reduce(&rc, &any, 1, xmoe::ElementType::i32, xmoe::ReduceOp::max);
-    if (any && !rc && session.world_rank() == 0)
-      std::fprintf(stderr, "FAILED on another rank (see [rank N])\n");
-    rc = any;
-    xmoe::g_world = nullptr;
-  }
-  return rc;
+  return xmoe::testing_mpi::run_all_tests(
+      argc, argv, [](std::shared_ptr<xmoe::Communicator> w) { xmoe::g_world = w.get(); });
 }
