@@ -203,7 +203,8 @@ int run_bench(const BenchOptions& o) {
     if (step == 0 && o.num_steps > 1) continue;  // warm-up: buffers grow, pages fault in
     const PhaseTimes& pt = layer.last_times();
     int64_t rows = 0;
-    for (int64_t e = 0; e < o.num_local_experts; ++e) {
+    for (int64_t e = 0; e < int64_t{o.num_local_experts} * W;
+         ++e) {  // E·C rows: L local experts × W sources × C
       const auto& rt = layer.last_routing();
       rows +=
           o.dropless ? std::min<int64_t>(rt.expert_counts[static_cast<size_t>(e)], rt.capacity) : rt.capacity;
