@@ -46,6 +46,19 @@ class SafetensorsFile {
   std::map<std::string, size_t> index_;
 };
 
+// A tensor written from raw little-endian bytes, in any dtype the reader accepts; its pieces go back to back.
+struct SafetensorsRawTensor {
+  std::string name;
+  std::string dtype;  // "F32", "BF16", "F8_E4M3", "U8", ...
+  std::vector<int64_t> shape;
+  std::vector<std::span<const std::byte>> pieces;
+};
+
+// Writes raw tensors with the same layout and guarantees as save_safetensors (8-byte aligned data section,
+// temporary file renamed into place). Checks names only: the caller vouches that bytes match dtype × shape.
+void save_safetensors_raw(const std::string& path, const std::vector<SafetensorsRawTensor>& tensors,
+                          const std::map<std::string, std::string>& metadata = {});
+
 // Writes tensors (F32/F64/BF16) contiguously in the given order, with string metadata. The header is padded
 // with spaces so the data section starts 8-byte aligned. Writes to a temporary file and renames it, so a
 // failed save leaves any previous file intact.

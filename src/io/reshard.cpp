@@ -127,70 +127,18 @@ size_t piece_bytes(const SafetensorsEntry& e, int64_t pieces, const std::string&
   return static_cast<size_t>(piece_bits / 8);
 }
 
-struct OutTensor {
-  std::string name;
-  std::string dtype;
-  Dims shape;
-  std::vector<std::span<const std::byte>> pieces;  // written back to back
-};
+using OutTensor = SafetensorsRawTensor;
 
-// save_safetensors takes Tensors (F32/F64/BF16 only); this writes any dtype from raw bytes, with the same
-// layout: 8-byte aligned data section, temporary file renamed into place.
+// Any dtype from raw bytes; the output's directory is created first.
 void write_raw(const std::string& path, const std::vector<OutTensor>& tensors,
                const std::map<std::string, std::string>& metadata) {
-  const std::string at = "reshard: " + path + ": ";
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    nlohmann::ordered_json md = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) md[k] = v;
-    header["__metadata__"] = std::move(md);
-  }
-  uint64_t offset = 0;
-  for (const auto& t : tensors) {
-    uint64_t n = 0;
-    for (const auto& p : t.pieces) n += p.size();
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
-    offset += n;
-  }
-  std::string text;
-  try {
-    text = header.dump();
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(at + "cannot encode header: " + e.what());
-  }
-  text.append((8 - (8 + text.size()) % 8) % 8, ' ');
-
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(parent, ec);
-    XMOE_CHECK(!ec, at, "cannot create directory ", parent.string(), ": ", ec.message());
+    XMOE_CHECK(!ec, "reshard: ", path, ": cannot create directory ", parent.string(), ": ", ec.message());
   }
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    XMOE_CHECK(out.good(), at, "cannot create ", tmp, ": ", std::strerror(errno));
-    const uint64_t n = text.size();
-    char len[8];
-    std::memcpy(len, &n, 8);
-    out.write(len, 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto& t : tensors)
-      for (const auto& p : t.pieces)
-        if (!p.empty())
-          out.write(reinterpret_cast<const char*>(p.data()), static_cast<std::streamsize>(p.size()));
-    out.close();
-    if (!out) {
-      const int err = errno;
-      std::remove(tmp.c_str());
-      throw Error(at + "writing " + tmp + " failed: " + std::strerror(err));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    throw Error(at + "cannot rename " + tmp + " into place: " + std::strerror(err));
-  }
+  save_safetensors_raw(path, tensors, metadata);
 }
 
 std::string tensor_at(const std::string& at, const std::string& name) {

@@ -290,8 +290,8 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
   return t;
 }
 
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+void save_safetensors_raw(const std::string& path, const std::vector<SafetensorsRawTensor>& tensors,
+                          const std::map<std::string, std::string>& metadata) {
   const std::string at = where(path);
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
@@ -300,16 +300,12 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     header["__metadata__"] = std::move(md);
   }
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    XMOE_CHECK(name != "__metadata__", where(path, name), "the name is reserved for metadata");
-    XMOE_CHECK(!header.contains(name), where(path, name), "duplicate tensor name");
-    XMOE_CHECK(t.defined(), where(path, name), "tensor is undefined");
-    nlohmann::ordered_json shape = nlohmann::ordered_json::array();
-    for (int64_t d : t.shape().dims()) shape.push_back(d);
-    const uint64_t nbytes = t.nbytes();
-    header[name] = {{"dtype", file_dtype(t.dtype())},
-                    {"shape", std::move(shape)},
-                    {"data_offsets", {offset, offset + nbytes}}};
+  for (const auto& t : tensors) {
+    XMOE_CHECK(t.name != "__metadata__", where(path, t.name), "the name is reserved for metadata");
+    XMOE_CHECK(!header.contains(t.name), where(path, t.name), "duplicate tensor name");
+    uint64_t nbytes = 0;
+    for (const auto& piece : t.pieces) nbytes += piece.size();
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
   }
 
@@ -332,8 +328,10 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     std::memcpy(len, &n, 8);
     out.write(reinterpret_cast<const char*>(len), 8);
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto& [name, t] : tensors)
-      if (t.nbytes()) out.write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
+    for (const auto& t : tensors)
+      for (const auto& piece : t.pieces)
+        if (!piece.empty())
+          out.write(reinterpret_cast<const char*>(piece.data()), static_cast<std::streamsize>(piece.size()));
     out.close();
     if (!out) {
       const int err = errno;
@@ -346,6 +344,21 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     std::remove(tmp.c_str());
     throw Error(at + "cannot rename " + tmp + " into place: " + std::strerror(err));
   }
+}
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsRawTensor> raw;
+  raw.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    XMOE_CHECK(t.defined(), where(path, name), "tensor is undefined");
+    const auto dims = t.shape().dims();
+    raw.push_back({name,
+                   file_dtype(t.dtype()),
+                   std::vector<int64_t>(dims.begin(), dims.end()),
+                   {std::span<const std::byte>(static_cast<const std::byte*>(t.raw()), t.nbytes())}});
+  }
+  save_safetensors_raw(path, raw, metadata);
 }
 
 }  // namespace xmoe
