@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "stats.hpp"
 #include "xmoe/communicator.hpp"
 #include "xmoe/error.hpp"
 #ifdef XMOE_HAVE_MPI
@@ -22,13 +23,6 @@ namespace xmoe::app {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // One row of the table: our call and, when MPI is there, the raw blocking MPI call it is compared with.
 struct Case {

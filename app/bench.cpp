@@ -10,6 +10,7 @@
 
 #include "kernels/gemm_probe.hpp"
 #include "kernels/kernels.hpp"
+#include "stats.hpp"
 #include "util/random.hpp"
 #include "xmoe/communicator.hpp"
 #include "xmoe/moe_layer.hpp"
@@ -23,13 +24,6 @@ namespace xmoe::app {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // The helloworld head: s[b, t] = Σ_m y[b, t, m]; loss = mean_b −log_softmax(s[b, :])[0]; returns the loss and
 // fills dy = ∂loss/∂y (constant over m).

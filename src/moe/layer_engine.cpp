@@ -71,7 +71,6 @@ class LayerEngine final : public LayerEngineBase {
     XMOE_CHECK(
         !group_ || sw.execution == ExpertExecution::padded,
         "execution: grouped (dropless) execution is not available with expert parallelism yet; use padded");
-    r_ = r;
     const bool noisy = sw.training && cfg_.gate.gate_noise > 0;
     if (noisy && sw.noise)
       XMOE_CHECK(sw.noise->numel() == T * E_, "noise: expected [", T, ", ", E_, "] draws, got ",
@@ -362,7 +361,6 @@ class LayerEngine final : public LayerEngineBase {
   std::unique_ptr<Experts<S>> experts_;
   Communicator* group_;
   std::unique_ptr<ExpertParallelStage<S>> stage_;
-  int r_ = 1;
   uint64_t noise_calls_ = 0;
 
   // State of the last forward, kept for backward.
