@@ -1,0 +1,60 @@
+// A Hugging Face checkpoint directory: config.json plus one safetensors file or shards listed by
+// model.safetensors.index.json, all memory-mapped. Tensors are looked up by name across shards.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "llm/model_config.hpp"
+#include "xmoe/safetensors.hpp"
+
+namespace xmoe::llm {
+
+// How a weight's bytes encode values. BF16/F16/F32 now; block-quantized formats (FP8 block, MXFP4, NVFP4)
+// join here, each decoded inside the kernels rather than expanded into a dequantized copy.
+enum class WeightFormat { f32, f16, bf16 };
+
+// A read-only view of one tensor of the checkpoint (the bytes stay in the mapped file).
+struct WeightView {
+  std::string name;
+  WeightFormat format = WeightFormat::f32;
+  std::vector<int64_t> shape;
+  std::span<const std::byte> bytes;
+  int64_t numel() const;
+  // Converts elements [offset, offset + count) to f32 (any format) / to bf16 bits (exact from bf16; rounded
+  // to nearest even from f32/f16).
+  void to_f32(int64_t offset, int64_t count, float* out) const;
+  void to_bf16(int64_t offset, int64_t count, uint16_t* out) const;
+};
+
+// Progress of opening/loading: done and total bytes (called from one thread).
+using ProgressFn = std::function<void(size_t done, size_t total)>;
+
+class Checkpoint {
+ public:
+  // Opens dir/config.json and dir/model.safetensors, or the shards named by dir/model.safetensors.index.json
+  // (every shard in the index must exist; every tensor the index names must be in its shard).
+  // Throws xmoe::Error naming the file and what is wrong.
+  static Checkpoint open(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  const ModelConfig& config() const { return config_; }
+  bool contains(const std::string& name) const;
+  // Throws naming the checkpoint and tensor when missing, when the dtype is not a supported WeightFormat, or
+  // when `expected_shape` is given and differs.
+  WeightView weight(const std::string& name, std::span<const int64_t> expected_shape = {}) const;
+  std::vector<std::string> tensor_names() const;
+  size_t total_bytes() const;
+
+ private:
+  std::string dir_;
+  ModelConfig config_;
+  std::vector<std::shared_ptr<SafetensorsFile>> files_;
+  std::vector<std::pair<std::string, size_t>> index_;  // sorted tensor name → file
+};
+
+}  // namespace xmoe::llm

@@ -1,0 +1,48 @@
+// A causal LM loaded from a Hugging Face checkpoint, run one engine step at a time over many sequences.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "llm/checkpoint.hpp"
+#include "llm/kv_cache.hpp"
+#include "llm/model_config.hpp"
+#include "xmoe/dtype.hpp"
+
+namespace xmoe::llm {
+
+struct LoadOptions {
+  DType dtype = DType::bf16;  // weights and activations: bf16 (f32 accumulation) or f32
+  std::string isa;            // kernel level cap, as MoeConfig::isa; empty = best this CPU runs
+  ProgressFn progress;        // bytes of weights loaded so far
+};
+
+// One sequence's part of a step: new tokens appended at positions [cache length, cache length + n).
+struct SequenceChunk {
+  SequenceId seq = 0;
+  std::span<const int32_t> tokens;
+  bool all_logits = false;  // logits for every new token (tests, prompt scoring); else only the last one
+};
+
+class CausalLM {
+ public:
+  virtual ~CausalLM() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual DType dtype() const = 0;
+  KvCacheShape kv_cache_shape() const;
+  // Runs the chunks as one batch (their tokens concatenated through every layer, attention per sequence over
+  // its cache). The caller has reserved cache room for every new token; the model writes K/V and advances
+  // each sequence's cache length. logits: rows in chunk order (one per chunk, or one per token where
+  // all_logits), each vocab_size f32. Results for a sequence do not depend on what else is in the batch.
+  virtual void forward(std::span<const SequenceChunk> batch, KvCache& cache, std::vector<float>& logits) = 0;
+  // Bytes of weights a decode step of one token reads (attention, router, k experts per MoE layer, norms,
+  // lm_head): for the bandwidth figure of the benchmark.
+  virtual size_t weight_bytes_per_token() const = 0;
+};
+
+// Picks the architecture from config.json's "architectures" (throws naming the unknown one).
+std::unique_ptr<CausalLM> load_model(const Checkpoint& checkpoint, const LoadOptions& options);
+
+}  // namespace xmoe::llm
