@@ -1,0 +1,64 @@
+#include "kernels/read_bandwidth.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "xmoe/error.hpp"
+
+namespace xmoe::kernels {
+namespace {
+
+// Eight independent accumulators keep enough loads in flight; the sum is returned so the reads are not dead.
+uint64_t read_slice(const uint64_t* p, size_t n) {
+  uint64_t acc[8] = {};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += p[i + j];
+  for (; i < n; ++i) acc[0] += p[i];
+  uint64_t s = 0;
+  for (uint64_t a : acc) s += a;
+  return s;
+}
+
+}  // namespace
+
+double measure_read_bandwidth_gbs(size_t bytes, int passes) {
+  XMOE_CHECK(bytes >= (size_t{64} << 20), "measure_read_bandwidth_gbs: bytes must be at least 64 MiB, got ",
+             bytes);
+  XMOE_CHECK(passes >= 1, "measure_read_bandwidth_gbs: passes must be at least 1, got ", passes);
+  const size_t n = bytes / sizeof(uint64_t);
+  std::unique_ptr<uint64_t[]> buf(new uint64_t[n]);
+  const int threads = omp_get_max_threads();
+  // First touch by the reading threads, so pages sit where (and as) they will be read.
+#pragma omp parallel num_threads(threads)
+  {
+    const size_t t = static_cast<size_t>(omp_get_thread_num()),
+                 nt = static_cast<size_t>(omp_get_num_threads());
+    for (size_t i = n * t / nt; i < n * (t + 1) / nt; ++i) buf[i] = i;
+  }
+  std::vector<double> rates;
+  volatile uint64_t sink = 0;
+  for (int pass = 0; pass <= passes; ++pass) {
+    uint64_t total = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    {
+      const size_t t = static_cast<size_t>(omp_get_thread_num()),
+                   nt = static_cast<size_t>(omp_get_num_threads());
+      const size_t b = n * t / nt, e = n * (t + 1) / nt;
+      total += read_slice(buf.get() + b, e - b);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    sink = sink + total;
+    if (pass > 0) rates.push_back(static_cast<double>(n * sizeof(uint64_t)) / s / 1e9);
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+}  // namespace xmoe::kernels
