@@ -84,17 +84,20 @@ void sgd_step(MoeLayer& layer, double lr) {
   layer.zero_grad();
 }
 
-int parse_parallel_type(const std::string& s) {
-  if (s == "data" || s == "model") return 1;  // with unsharded experts both mean r = 1 (Tutel)
+// Tutel's parallel_type with sc ranks per expert: data → 1, model → sc, adaptive:R → R (which must be 0 or
+// a divisor of sc; the layer checks).
+int parse_parallel_type(const std::string& s, int sc) {
+  if (s == "data") return 1;
+  if (s == "model") return sc;
   if (s.rfind("adaptive:", 0) == 0) {
     try {
       size_t used = 0;
       const int r = std::stoi(s.substr(9), &used);
-      if (used == s.size() - 9 && (r == 0 || r == 1)) return r;
+      if (used == s.size() - 9 && r >= 0) return std::min(r, sc);  // Tutel clamps R to [0, sc]
     } catch (const std::exception&) {
     }
   }
-  throw Error("--parallel_type: expected adaptive:0, adaptive:1, data or model, got '" + s + "'");
+  throw Error("--parallel_type: expected adaptive:R (R >= 0), data or model, got '" + s + "'");
 }
 
 // Prints on rank 0 only.
@@ -115,8 +118,6 @@ double expert_flops(const BenchOptions& o, int64_t rows) {
 
 int run_bench(const BenchOptions& o) {
   if (o.threads > 0) omp_set_num_threads(o.threads);
-  const int r = o.adaptive_r >= 0 ? o.adaptive_r : parse_parallel_type(o.parallel_type);
-  XMOE_CHECK(r == 0 || r == 1, "--adaptive_r: must be 0 or 1, got ", r);
 #ifdef XMOE_HAVE_MPI
   std::optional<MpiSession> session;
   if (std::getenv("OMPI_COMM_WORLD_SIZE")) session.emplace();  // launched by mpirun
@@ -127,9 +128,15 @@ int run_bench(const BenchOptions& o) {
 #endif
   const int W = world->size();
   const bool root = world->rank() == 0;
-  XMOE_CHECK(o.top <= o.num_local_experts * W,
-             "--top: must be <= the number of experts (--num_local_experts × ranks = ",
-             o.num_local_experts * W, "), got ", o.top);
+  // Tutel's num_local_experts: n > 0 experts per rank (E = n·W), or n < 0 for E = W / |n| experts, each
+  // sharded over |n| ranks.
+  const int n = o.num_local_experts;
+  XMOE_CHECK(n > 0 || (n < 0 && W % -n == 0), "--num_local_experts: ", n,
+             " must be positive, or negative with |n| dividing the ", W, " ranks");
+  const int E = n > 0 ? n * W : W / -n, sc = n > 0 ? 1 : -n;
+  XMOE_CHECK(o.top <= E, "--top: must be <= the number of experts (", E, " from --num_local_experts ", n,
+             " and ", W, " ranks), got ", o.top);
+  const int r = o.adaptive_r >= 0 ? o.adaptive_r : parse_parallel_type(o.parallel_type, sc);
 
   MoeConfig cfg;
   cfg.model_dim = o.model_dim;
@@ -139,7 +146,7 @@ int run_bench(const BenchOptions& o) {
   cfg.gate.capacity_factor = o.dropless ? 0.0 : o.capacity_factor;
   cfg.gate.gate_noise = o.gate_noise;
   cfg.experts.type = o.expert_type;
-  cfg.experts.num_experts = o.num_local_experts * W;
+  cfg.experts.num_experts = E;
   cfg.a2a_overlap_degree = o.a2a_overlap_degree;
   cfg.adaptive_r = r;
   cfg.use_2dh = o.use_2dh;
@@ -176,7 +183,7 @@ int run_bench(const BenchOptions& o) {
 
   const double flops_per_step = static_cast<double>(o.batch_size * o.num_tokens) *
                                 static_cast<double>(o.model_dim) * static_cast<double>(o.hidden_size) * 4.0 *
-                                (o.eval ? 1.0 : 3.0) * std::min(o.top, o.num_local_experts);
+                                (o.eval ? 1.0 : 3.0) * std::min(o.top, std::max(n, 1));
   double dt_max_ = 0;
   std::vector<double> comm_t, step_t, gate_t, route_t, enc_t, exp_t, dec_t, bwd_t, bwd_exp_t, exp_rate,
       bwd_exp_rate;
@@ -197,8 +204,7 @@ int run_bench(const BenchOptions& o) {
     if (step == 0 && o.num_steps > 1) continue;  // warm-up: buffers grow, pages fault in
     const PhaseTimes& pt = layer.last_times();
     int64_t rows = 0;
-    for (int64_t e = 0; e < int64_t{o.num_local_experts} * W;
-         ++e) {  // E·C rows: L local experts × W sources × C
+    for (int64_t e = 0; e < E; ++e) {  // E·C rows: L local experts × W sources × C
       const auto& rt = layer.last_routing();
       rows +=
           o.dropless ? std::min<int64_t>(rt.expert_counts[static_cast<size_t>(e)], rt.capacity) : rt.capacity;
@@ -243,7 +249,7 @@ int run_bench(const BenchOptions& o) {
     // Time the same configuration A when every call follows a switch (B, A, B, A, ...) and when it does not.
     Switches a = sw, b = sw;
     a.training = b.training = false;
-    b.top_k = o.top > 1 ? 1 : std::min(2, o.num_local_experts);
+    b.top_k = o.top > 1 ? 1 : std::min(2, E);
     b.capacity_factor = o.capacity_factor > 0 ? 0.0 : 1.0;
     // Interleaved (A, A*, B, A*: the starred calls are timed) so that machine drift hits both kinds alike.
     const int reps = 9;

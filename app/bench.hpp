@@ -27,8 +27,9 @@ struct BenchOptions {
   std::string isa;  // empty = best this CPU runs
   bool measure_switching = false;
   uint64_t seed = 0;
-  // Expert parallelism (under mpirun): E = num_local_experts · ranks.
-  std::string parallel_type = "adaptive:1";  // adaptive:R | data | model (Tutel's; R ∈ {0, 1} here)
+  // Expert parallelism (under mpirun): E = num_local_experts · ranks, or ranks / |num_local_experts| when
+  // negative (experts sharded over |num_local_experts| ranks).
+  std::string parallel_type = "adaptive:1";  // adaptive:R | data | model (Tutel's; R ∈ {0} ∪ divisors(sc))
   int adaptive_r = -1;                       // overrides parallel_type when >= 0
   int a2a_overlap_degree = 1;
   bool use_2dh = false;

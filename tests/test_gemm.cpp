@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -24,6 +25,9 @@ struct Variant {
   void (*bf16)(const GemmArgs<bf16, float>&);
   bool fma_chain;  // f32 products accumulate as one std::fma chain in k order (exactly reproducible)
 };
+
+// GoogleTest prints a parameter in test listings; without this it dumps the struct's raw bytes.
+[[maybe_unused]] void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
 const Variant kVariants[] = {
     {"reference", Isa::reference, reference::gemm_f32, reference::gemm_bf16, false},

@@ -382,3 +382,59 @@ TEST_F(Reshard, CliScatterAndGather) {
 }
 
 }  // namespace
+
+namespace {
+
+// A tensor sharded along a later dim (xmoe's SwiGLU down_proj [E, M, H] splits H, its hidden dim): metadata
+// `_expert_split_dim.<name>` = "2" makes scatter take column blocks and gather interleave them back.
+TEST_F(Reshard, ExplicitSplitDimTakesColumnBlocks) {
+  std::mt19937 rng(99);
+  const Raw down = random_tensor(rng, "experts.down_proj", "F32", {2, 3, 8});  // E = 2, M = 3, H = 8
+  const Raw up = random_tensor(rng, "experts.up_proj", "F32", {2, 8, 4});
+  write_file(path("swiglu.st"), {down, up},
+             {{"_num_global_experts", "2"}, {"_expert_split_dim.experts.down_proj", "2"}});
+  xmoe::reshard_scatter(path("swiglu.st"), 8, path("s-{rank}.st"));  // d = 4 ranks per expert
+  for (int r = 0; r < 8; ++r) {
+    const auto ts = read_tensors(path("s-" + std::to_string(r) + ".st"));
+    const Raw& shard = find(ts, "experts.down_proj");
+    ASSERT_EQ(shard.shape, (std::vector<int64_t>{1, 3, 2})) << r;
+    const int64_t e = r / 4, j = r % 4;
+    for (int64_t m = 0; m < 3; ++m)
+      for (int64_t h = 0; h < 2; ++h) {
+        const size_t src = static_cast<size_t>(((e * 3 + m) * 8 + j * 2 + h) * 4);
+        const size_t dst = static_cast<size_t>((m * 2 + h) * 4);
+        EXPECT_EQ(std::memcmp(&shard.data[dst], &down.data[src], 4), 0)
+            << "rank " << r << " m " << m << " h " << h;
+      }
+    // Without the metadata a tensor keeps Tutel's flat split (first non-1 dim).
+    EXPECT_EQ(find(ts, "experts.up_proj").shape, (std::vector<int64_t>{1, 2, 4})) << r;
+  }
+  xmoe::reshard_gather(rank_files("s-{rank}.st", 8), path("back.st"));
+  const auto back = read_tensors(path("back.st"));
+  EXPECT_EQ(find(back, "experts.down_proj").shape, down.shape);
+  EXPECT_TRUE(find(back, "experts.down_proj").data == down.data);
+  EXPECT_TRUE(find(back, "experts.up_proj").data == up.data);
+  EXPECT_EQ(read_meta(path("back.st")).at("_expert_split_dim.experts.down_proj"), "2");
+
+  // A split dim that is not divisible, or out of range, is an error naming the tensor.
+  write_file(path("bad.st"), {down},
+             {{"_num_global_experts", "2"}, {"_expert_split_dim.experts.down_proj", "1"}});
+  std::string msg;
+  try {
+    xmoe::reshard_scatter(path("bad.st"), 8, path("b-{rank}.st"));
+  } catch (const xmoe::Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("experts.down_proj"), std::string::npos) << msg;
+  write_file(path("bad2.st"), {down},
+             {{"_num_global_experts", "2"}, {"_expert_split_dim.experts.down_proj", "7"}});
+  msg.clear();
+  try {
+    xmoe::reshard_scatter(path("bad2.st"), 4, path("c-{rank}.st"));
+  } catch (const xmoe::Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("_expert_split_dim.experts.down_proj"), std::string::npos) << msg;
+}
+
+}  // namespace

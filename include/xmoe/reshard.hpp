@@ -19,8 +19,14 @@
 //    `_expert_shape.<tensor>` = "[H, M]". Gather uses it when present; otherwise it multiplies the shard's
 //    first non-1 dim after dim 0 by d (the last dim if all are 1) — the element count is right either way.
 //
-// In both layouts a rank's bytes are piece r of the global tensor's bytes split into N equal contiguous
-// pieces, so resharding works on raw bytes and handles every safetensors dtype (F32, BF16, F8_*, U8, ...).
+//    A tensor whose shards split a later dim (xmoe's SwiGLU down_proj [E, M, H] is split along its hidden dim
+//    H, not M) says so in metadata `_expert_split_dim.<tensor>` = "2" (dims counted from the expert dim 0);
+//    the layer's save() writes it for every built-in expert tensor, gather and scatter carry it along and
+//    split / merge along that dim (only that dim then needs to be divisible by d).
+//
+// Without `_expert_split_dim`, a rank's bytes are piece r of the global tensor's bytes split into N equal
+// contiguous pieces; with it, piece r is strided. Resharding works on raw bytes and handles every safetensors
+// dtype (F32, BF16, F8_*, U8, ...).
 // Errors are xmoe::Error naming the file, rank and tensor.
 #pragma once
 #include <string>
@@ -32,6 +38,7 @@ inline constexpr const char* kMetaNumGlobalExperts = "_num_global_experts";
 inline constexpr const char* kMetaWorldSize = "_world_size";
 inline constexpr const char* kMetaRank = "_rank";
 inline constexpr const char* kMetaExpertShapePrefix = "_expert_shape.";
+inline constexpr const char* kMetaExpertSplitDimPrefix = "_expert_split_dim.";
 
 // True for "experts.*" and "*.experts.*".
 bool is_expert_tensor_name(const std::string& name);

@@ -129,6 +129,51 @@ size_t piece_bytes(const SafetensorsEntry& e, int64_t pieces, const std::string&
 
 using OutTensor = SafetensorsRawTensor;
 
+// The dim (counted from the expert dim 0) an N % E == 0 shard of a tensor with per-expert dims `inner`
+// splits: metadata `_expert_split_dim.<name>` when present, else Tutel's first non-1 dim.
+size_t split_dim_of(const SafetensorsFile& f, const std::string& name, const Dims& inner,
+                    const std::string& at) {
+  auto it = f.metadata().find(kMetaExpertSplitDimPrefix + name);
+  if (it == f.metadata().end()) {
+    for (size_t i = 0; i < inner.size(); ++i)
+      if (inner[i] != 1) return i + 1;
+    return inner.size();
+  }
+  const std::string& v = it->second;
+  const bool ok = v.size() == 1 && v[0] >= '1' && static_cast<size_t>(v[0] - '0') <= inner.size();
+  XMOE_CHECK(ok, at, "metadata '", it->first, "' = '", v, "' is not a dim in [1, ", inner.size(),
+             "] of the expert dims ", dims_str(inner));
+  return static_cast<size_t>(v[0] - '0');
+}
+
+// Shard j of d of one expert, split along dim sd of the whole per-expert dims `whole`: `outer` runs of `run`
+// bytes, run i at byte offset (i·d + j)·run of the expert.
+struct Strides {
+  int64_t outer = 1;
+  size_t run = 0;
+};
+Strides shard_strides(const Dims& whole, size_t sd, int64_t d, unsigned bits, const std::string& at) {
+  Strides s;
+  int64_t run_elems = whole[sd - 1] / d;
+  for (size_t i = 0; i + 1 < sd; ++i) s.outer *= whole[i];
+  for (size_t i = sd; i < whole.size(); ++i) run_elems *= whole[i];
+  XMOE_CHECK((static_cast<uint64_t>(run_elems) * bits) % 8 == 0, at, "a run of ", run_elems,
+             " elements is not a whole number of bytes");
+  s.run = static_cast<size_t>(static_cast<uint64_t>(run_elems) * bits / 8);
+  return s;
+}
+
+// The per-expert dims of one of d shards split along dim sd; Tutel's default dim needs every non-1 dim
+// divisible by d, an explicit one only itself.
+Dims shard_dims(const Dims& inner, size_t sd, int64_t d, bool explicit_dim, const std::string& at) {
+  if (!explicit_dim) return shard_inner(inner, d, at);
+  XMOE_CHECK(inner[sd - 1] % d == 0, at, "expert dims ", dims_str(inner), ": dim ", sd, " = ", inner[sd - 1],
+             " is not divisible by ", d, " (the ranks per expert)");
+  Dims s = inner;
+  s[sd - 1] /= d;
+  return s;
+}
+
 // Any dtype from raw bytes; the output's directory is created first.
 void write_raw(const std::string& path, const std::vector<OutTensor>& tensors,
                const std::map<std::string, std::string>& metadata) {
@@ -247,34 +292,41 @@ void reshard_gather(const std::vector<std::string>& inputs, const std::string& o
         XMOE_CHECK(o.shape == e.shape, tensor_at(at[r], e.name), "shape ", dims_str(o.shape),
                    " but rank 0 has ", dims_str(e.shape));
         piece_bytes(o, 1, tensor_at(at[r], e.name));
-        t.pieces.push_back(files[r].bytes(e.name));
       }
       const Dims inner(e.shape.begin() + 1, e.shape.end());
       Dims full = inner;
-      if (d > 1) {
+      if (d == 1) {
+        for (int64_t r = 0; r < N; ++r) t.pieces.push_back(files[r].bytes(e.name));
+      } else {
         const std::string tat = tensor_at(at[N - 1], e.name);
+        XMOE_CHECK(!inner.empty(), tat, "shape ", dims_str(e.shape), " cannot be a shard of an expert over ",
+                   d, " ranks");
+        const bool explicit_dim = last.metadata().count(kMetaExpertSplitDimPrefix + e.name) > 0;
         auto it = last.metadata().find(kMetaExpertShapePrefix + e.name);
         if (it != last.metadata().end()) {
           auto parsed = parse_dims(it->second);
           XMOE_CHECK(parsed.has_value(), at[N - 1], "metadata '", it->first, "' = '", it->second,
                      "' is not a shape like [4, 8]");
           full = *parsed;
-          XMOE_CHECK(full.size() == inner.size() && shard_inner(full, d, tat) == inner, tat, "shard shape ",
-                     dims_str(e.shape), " is not a ", d, "-way shard of the expert dims ", dims_str(full),
-                     " recorded in metadata '", it->first, "'");
+          XMOE_CHECK(full.size() == inner.size(), tat, "shard shape ", dims_str(e.shape),
+                     " does not match the ", "expert dims ", dims_str(full), " recorded in metadata '",
+                     it->first, "'");
         } else {
-          XMOE_CHECK(!inner.empty(), tat, "shape ", dims_str(e.shape),
-                     " cannot be a shard of an expert over ", d, " ranks");
-          size_t j = inner.size() - 1;
-          for (size_t i = 0; i < inner.size(); ++i)
-            if (inner[i] != 1) {
-              j = i;
-              break;
-            }
-          full[j] *= d;
-          XMOE_CHECK(shard_inner(full, d, tat) == inner, tat, "shape ", dims_str(e.shape), " is not a ", d,
-                     "-way shard of an expert (first non-1 dim divided by ", d, ")");
+          // The recorded split dim, or (Tutel's layout) the whole's first non-1 dim, which is the shard's
+          // too.
+          full[split_dim_of(last, e.name, inner, tat) - 1] *= d;
         }
+        const size_t sd = split_dim_of(last, e.name, full, tat);  // metadata, or the whole's first non-1 dim
+        XMOE_CHECK(shard_dims(full, sd, d, explicit_dim, tat) == inner, tat, "shape ", dims_str(e.shape),
+                   " is not a ", d, "-way shard (dim ", sd, " divided by ", d, ") of the expert dims ",
+                   dims_str(full));
+        // Expert x's runs interleave its d shards (files x·d .. x·d + d − 1).
+        const Strides st = shard_strides(full, sd, d, dtype_bits(e.dtype), tat);
+        for (int64_t x = 0; x < *E; ++x)
+          for (int64_t o = 0; o < st.outer; ++o)
+            for (int64_t j = 0; j < d; ++j)
+              t.pieces.push_back(
+                  files[x * d + j].bytes(e.name).subspan(static_cast<size_t>(o) * st.run, st.run));
       }
       t.shape.push_back(*E);
       t.shape.insert(t.shape.end(), full.begin(), full.end());
@@ -343,20 +395,24 @@ void reshard_scatter(const std::string& input, int output_size, const std::strin
     const SafetensorsEntry* entry;
     Dims shape;        // per-rank shape
     size_t piece = 0;  // bytes per rank (expert tensors)
+    Strides strides;   // N % E == 0: the runs of one shard within its expert
   };
   std::vector<Plan> plans;
   std::map<std::string, std::string> expert_shapes;
   for (const auto& e : f.entries()) {
-    Plan p{&e, e.shape, 0};
+    Plan p{&e, e.shape, 0, {}};
     if (is_expert_tensor_name(e.name)) {
       const std::string tat = tensor_at(at, e.name);
       const Dims inner(e.shape.begin() + 1, e.shape.end());
       if (d == 1) {
         p.shape[0] = *E / N;
       } else {
-        const Dims s = shard_inner(inner, d, tat);
+        const size_t sd = split_dim_of(f, e.name, inner, tat);
+        const Dims s =
+            shard_dims(inner, sd, d, f.metadata().count(kMetaExpertSplitDimPrefix + e.name) > 0, tat);
         p.shape.assign(1, 1);
         p.shape.insert(p.shape.end(), s.begin(), s.end());
+        p.strides = shard_strides(inner, sd, d, dtype_bits(e.dtype), tat);
         expert_shapes[kMetaExpertShapePrefix + e.name] = dims_str(inner);
       }
       p.piece = piece_bytes(e, N, tat);
@@ -369,8 +425,18 @@ void reshard_scatter(const std::string& input, int output_size, const std::strin
     for (const auto& p : plans) {
       const auto b = f.bytes(p.entry->name);
       OutTensor t{p.entry->name, p.entry->dtype, p.shape, {}};
-      t.pieces.push_back(
-          is_expert_tensor_name(p.entry->name) ? b.subspan(static_cast<size_t>(r) * p.piece, p.piece) : b);
+      if (!is_expert_tensor_name(p.entry->name)) {
+        t.pieces.push_back(b);
+      } else if (d == 1) {
+        t.pieces.push_back(b.subspan(static_cast<size_t>(r) * p.piece, p.piece));
+      } else {
+        const int64_t x = r / d, j = r % d;  // expert, shard
+        const size_t expert_bytes = p.piece * static_cast<size_t>(d);
+        for (int64_t o = 0; o < p.strides.outer; ++o)
+          t.pieces.push_back(b.subspan(
+              static_cast<size_t>(x) * expert_bytes + static_cast<size_t>(o * d + j) * p.strides.run,
+              p.strides.run));
+      }
       out.push_back(std::move(t));
     }
     auto md = carried_metadata(f);

@@ -1,5 +1,6 @@
 #include "moe/expert_parallel.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -31,19 +32,105 @@ void transpose_blocks(const T* src, T* dst, int64_t A, int64_t B, int64_t block)
 
 }  // namespace
 
+ExpertPlacement place_experts(const MoeConfig& c, int rank, int W) {
+  const int E = c.experts.num_experts;
+  const int64_t H = c.experts.hidden_size;
+  ExpertPlacement p;
+  if (E % W == 0) {
+    p.local_experts = E / W;
+    p.shard = ExpertShard{rank * p.local_experts, p.local_experts, 0, H, 0, 0};
+    return p;
+  }
+  XMOE_CHECK(
+      W % E == 0, "experts.num_experts: ", E, " experts over ", W,
+      " ranks: expert parallelism needs num_experts to be a multiple of the group size or to divide it");
+  XMOE_CHECK(c.experts.type != "custom", "experts.num_experts: ", E, " experts over ", W,
+             " ranks would split each expert's hidden dimension, which custom experts do not support; use a "
+             "multiple of the group size");
+  const int sc = W / E, j = rank % sc;
+  XMOE_CHECK(H % sc == 0, "experts.hidden_size: ", H, " does not split over the ", sc,
+             " ranks that share each expert (", W, " ranks, ", E, " experts)");
+  const int64_t O = c.experts.output_dim > 0 ? c.experts.output_dim : c.model_dim;
+  const bool split_bias = c.experts.type == "ffn" && c.experts.has_fc2_bias;
+  if (split_bias)
+    XMOE_CHECK(O % sc == 0, "experts.output_dim: ", O, " (the fc2 bias) does not split over the ", sc,
+               " ranks that share each expert (", W, " ranks, ", E, " experts)");
+  p.local_experts = 1;
+  p.shards_per_expert = sc;
+  p.shard =
+      ExpertShard{rank / sc, 1, j * (H / sc), H / sc, split_bias ? j * (O / sc) : 0, split_bias ? O / sc : 0};
+  return p;
+}
+
+namespace {
+
+// Moves between P = groups·per pieces shaped like `local` ([L, ...]) and the tensor they make: piece p holds
+// slice p % per, along dim `dim`, of experts [(p / per)·L, (p / per + 1)·L). The whole tensor is
+// [groups·L, ...] with dim `dim` per times longer. to_whole: pieces → whole, else whole → pieces.
+template <class T>
+void move_pieces(T* pieces, T* whole, const Shape& local, int dim, int64_t groups, int64_t per,
+                 bool to_whole) {
+  const int64_t L = local[0], n = local[dim];
+  int64_t outer = 1, inner = 1;
+  for (int i = 1; i < dim; ++i) outer *= local[i];
+  for (int i = dim + 1; i < local.ndim(); ++i) inner *= local[i];
+  const int64_t run = n * inner, piece = L * outer * run, runs = groups * per * L * outer;
+  parallel_rows(runs, 64, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t p = i / (L * outer), lo = i % (L * outer), g = p / per, sl = p % per;
+      T* pc = pieces + p * piece + lo * run;
+      T* wh = whole + ((g * L * outer + lo) * per + sl) * run;
+      if (to_whole)
+        std::memcpy(static_cast<void*>(wh), pc, sizeof(T) * static_cast<size_t>(run));
+      else
+        std::memcpy(static_cast<void*>(pc), wh, sizeof(T) * static_cast<size_t>(run));
+    }
+  });
+}
+
+template <class T>
+void add_into(T* dst, const T* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+}  // namespace
+
 template <class S>
 ExpertParallelStage<S>::ExpertParallelStage(const MoeConfig& c, Communicator& group, Experts<S>& local,
-                                            std::vector<Parameter*> local_params)
-    : group_(group),
+                                            std::vector<Parameter*> local_params,
+                                            const ExpertPlacement& place)
+    : config_(c),
+      group_(group),
       local_(local),
       local_params_(std::move(local_params)),
       W_(group.size()),
-      L_(c.experts.num_experts / group.size()),
+      L_(place.local_experts),
       E_(c.experts.num_experts),
+      sc_(place.shards_per_expert),
       M_(c.model_dim),
       O_(local.output_dim()) {
   if (c.experts.type != "custom") full_ = make_experts<S>(c, whole_model_shard(c), full_params_);
+  if (sc_ > 1) shard_group_ = group.split(group.rank() / sc_, group.rank());
   if (c.use_2dh) two_dim_ = std::make_unique<HierarchicalAllToAll>(group, c.local_size);
+}
+
+template <class S>
+void ExpertParallelStage<S>::check_r(int r) const {
+  std::string valid = "0";
+  for (int d = 1; d <= sc_; ++d)
+    if (sc_ % d == 0) valid += ", " + std::to_string(d);
+  XMOE_CHECK(r >= 0 && r <= sc_ && (r == 0 || sc_ % r == 0), "adaptive_r: must be one of {", valid,
+             "} (0 = data parallel, 1 = expert parallel",
+             sc_ > 1 ? ", " + std::to_string(sc_) + " = expert + model parallel" : std::string(), "; ", E_,
+             " experts over ", W_, " ranks), got ", r);
+}
+
+template <class S>
+template <class Fn>
+void ExpertParallelStage<S>::timed(Fn&& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 template <class S>
@@ -58,25 +145,29 @@ void ExpertParallelStage<S>::all_to_all(const void* send, void* recv, size_t cou
 
 template <class S>
 void ExpertParallelStage<S>::forward(const Ops<S>& ops, const S* disp, int64_t C, int r, int overlap, S* yd) {
+  check_r(r);
+  XMOE_CHECK(C % sc_ == 0, "expert parallel: capacity ", C, " is not a multiple of the ", sc_,
+             " ranks per expert");
   C_ = C;
   r_ = r;
+  grouped_ = false;
+  overlap_ = 1;
   comm_seconds_ = 0;
   const ElementType st = element_type_of<S>();
   if (r == 0) {
     XMOE_CHECK(full_ != nullptr, "adaptive_r: 0 (data parallel) needs built-in experts");
-    // Every rank gathers all experts' parameters and runs them on its own tokens.
-    for (size_t i = 0; i < local_params_.size(); ++i) {
-      const Tensor& v = local_params_[i]->value;
-      const auto t0 = std::chrono::steady_clock::now();
-      group_.all_gather(v.raw(), full_params_[i]->value.raw(), static_cast<size_t>(v.numel()), st);
-      comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
+    gather_all_experts();
     std::vector<int64_t> offsets(static_cast<size_t>(E_) + 1);
     for (int e = 0; e <= E_; ++e) offsets[static_cast<size_t>(e)] = e * C;
     full_->forward(ops, disp, offsets, yd);
     return;
   }
+  if (sc_ > 1) {
+    forward_sharded(ops, disp, r, overlap, yd);
+    return;
+  }
   if (overlap > 1 && local_.supports_row_ranges() && C % overlap == 0 && C > 0) {
+    overlap_ = overlap;
     forward_overlapped(ops, disp, overlap, yd);
     return;
   }
@@ -151,26 +242,85 @@ void ExpertParallelStage<S>::forward_overlapped(const Ops<S>& ops, const S* disp
   }
 }
 
+// Backward in the forward's D chunks: chunk d's dy all-to-all is in flight while chunk d−1's dx rows are
+// computed, and each chunk's dx starts home as soon as it exists; the parameter gradients, summed over all
+// rows in buffer order exactly as without chunks, then overlap the last chunks' transfers. Bit-identical to
+// D = 1.
+template <class S>
+void ExpertParallelStage<S>::backward_overlapped(const Ops<S>& ops, const S* dyd, Acc* dxd) {
+  const ElementType st = element_type_of<S>(), at = element_type_of<Acc>();
+  const int D = overlap_;
+  const int64_t C = C_, Cd = C / D, R = static_cast<int64_t>(E_) * C, WL = static_cast<int64_t>(W_) * L_;
+  const int64_t chunk_dy = WL * Cd * O_, chunk_dx = WL * Cd * M_;
+  S* dyl = dy_local_.ensure(static_cast<size_t>(R * O_));
+  Acc* dxl = dx_local_.ensure(static_cast<size_t>(R * M_));
+  S* send = chunk_send_.ensure(static_cast<size_t>(D * chunk_dy));
+  S* recv = chunk_recv_.ensure(static_cast<size_t>(D * chunk_dy));
+  Acc* back = dx_chunk_send_.ensure(static_cast<size_t>(D * chunk_dx));
+  Acc* back_recv = dx_chunk_recv_.ensure(static_cast<size_t>(D * chunk_dx));
+  for (int d = 0; d < D; ++d)
+    for (int64_t e = 0; e < WL; ++e)
+      std::memcpy(static_cast<void*>(send + d * chunk_dy + e * Cd * O_), dyd + (e * C + d * Cd) * O_,
+                  sizeof(S) * static_cast<size_t>(Cd * O_));
+  std::vector<std::unique_ptr<CommRequest>> in(static_cast<size_t>(D)), out(static_cast<size_t>(D));
+  in[0] = group_.all_to_all_async(send, recv, static_cast<size_t>(L_ * Cd * O_), st);
+  for (int d = 0; d < D; ++d) {
+    timed([&] { in[static_cast<size_t>(d)]->wait(); });
+    if (d + 1 < D)
+      in[static_cast<size_t>(d) + 1] = group_.all_to_all_async(
+          send + (d + 1) * chunk_dy, recv + (d + 1) * chunk_dy, static_cast<size_t>(L_ * Cd * O_), st);
+    ranges_.clear();
+    const S* rc = recv + d * chunk_dy;  // [W][L][Cd][O] from every source rank
+    for (int64_t w = 0; w < W_; ++w)
+      for (int64_t l = 0; l < L_; ++l) {
+        const int64_t row = (l * W_ + w) * C + d * Cd;
+        std::memcpy(static_cast<void*>(dyl + row * O_), rc + (w * L_ + l) * Cd * O_,
+                    sizeof(S) * static_cast<size_t>(Cd * O_));
+        ranges_.push_back({l, row, row + Cd});
+      }
+    local_.backward_rows(ops, x_local_.data(), dyl, ranges_, R, dxl);
+    Acc* bc = back + d * chunk_dx;
+    for (int64_t w = 0; w < W_; ++w)
+      for (int64_t l = 0; l < L_; ++l)
+        std::memcpy(static_cast<void*>(bc + (w * L_ + l) * Cd * M_), dxl + ((l * W_ + w) * C + d * Cd) * M_,
+                    sizeof(Acc) * static_cast<size_t>(Cd * M_));
+    out[static_cast<size_t>(d)] =
+        group_.all_to_all_async(bc, back_recv + d * chunk_dx, static_cast<size_t>(L_ * Cd * M_), at);
+  }
+  std::vector<int64_t> offsets(static_cast<size_t>(L_) + 1);
+  for (int l = 0; l <= L_; ++l) offsets[static_cast<size_t>(l)] = l * W_ * C;
+  local_.backward_params(ops, x_local_.data(), dyl, offsets);
+  for (int d = 0; d < D; ++d) {
+    timed([&] { out[static_cast<size_t>(d)]->wait(); });
+    const Acc* br = back_recv + d * chunk_dx;  // [W][L][Cd][M] = this rank's experts' slots of chunk d
+    for (int64_t e = 0; e < WL; ++e)
+      std::memcpy(static_cast<void*>(dxd + (e * C + d * Cd) * M_), br + e * Cd * M_,
+                  sizeof(Acc) * static_cast<size_t>(Cd * M_));
+  }
+}
+
 template <class S>
 void ExpertParallelStage<S>::backward(const Ops<S>& ops, const S* disp, const S* dyd, Acc* dxd) {
   const int64_t C = C_, R = static_cast<int64_t>(E_) * C;
   const ElementType st = element_type_of<S>(), at = element_type_of<Acc>();
+  if (grouped_) {
+    backward_grouped(ops, disp, dyd, dxd);
+    return;
+  }
   if (r_ == 0) {
     std::vector<int64_t> offsets(static_cast<size_t>(E_) + 1);
     for (int e = 0; e <= E_; ++e) offsets[static_cast<size_t>(e)] = e * C;
     for (auto& p : full_params_) p->grad.zero();
     full_->backward(ops, disp, dyd, offsets, dxd);
-    // Each owner receives the sum over ranks of its experts' gradients (Tutel's zero_gather backward).
-    for (size_t i = 0; i < local_params_.size(); ++i) {
-      Tensor& g = local_params_[i]->grad;
-      const auto n = static_cast<size_t>(g.numel());
-      Acc* sum = grad_scratch_.ensure(n);
-      const auto t0 = std::chrono::steady_clock::now();
-      group_.reduce_scatter(full_params_[i]->grad.raw(), sum, n, at, ReduceOp::sum);
-      comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      Acc* dst = g.template data<Acc>();
-      for (size_t j = 0; j < n; ++j) dst[j] += sum[j];
-    }
+    reduce_scatter_all_experts();
+    return;
+  }
+  if (sc_ > 1) {
+    backward_sharded(ops, dyd, dxd);
+    return;
+  }
+  if (overlap_ > 1 && local_.supports_split_backward()) {
+    backward_overlapped(ops, dyd, dxd);
     return;
   }
   S* dr = dy_recv_.ensure(static_cast<size_t>(R * O_));
@@ -186,12 +336,397 @@ void ExpertParallelStage<S>::backward(const Ops<S>& ops, const S* disp, const S*
   all_to_all(ds, dxd, static_cast<size_t>(L_ * C * M_), at);
 }
 
+// Data parallel (r = 0): every rank gathers every expert's parameters (hidden slices reassembled when
+// sharded) and runs all E experts on its own tokens.
+template <class S>
+void ExpertParallelStage<S>::gather_all_experts() {
+  const ElementType st = element_type_of<S>();
+  for (size_t i = 0; i < local_params_.size(); ++i) {
+    const Tensor& v = local_params_[i]->value;
+    const auto n = static_cast<size_t>(v.numel());
+    if (sc_ == 1) {
+      timed([&] { group_.all_gather(v.raw(), full_params_[i]->value.raw(), n, st); });
+      continue;
+    }
+    S* pieces = pieces_.ensure(n * static_cast<size_t>(W_));
+    timed([&] { group_.all_gather(v.raw(), pieces, n, st); });
+    move_pieces(pieces, full_params_[i]->value.template data<S>(), v.shape(),
+                expert_split_dim(local_params_[i]->name), E_, sc_, true);
+  }
+}
+
+// Each owner receives the sum over ranks of its slice's gradients (Tutel's zero_gather backward).
+template <class S>
+void ExpertParallelStage<S>::reduce_scatter_all_experts() {
+  const ElementType at = element_type_of<Acc>();
+  for (size_t i = 0; i < local_params_.size(); ++i) {
+    Tensor& g = local_params_[i]->grad;
+    const auto n = static_cast<size_t>(g.numel());
+    Acc* send = full_params_[i]->grad.template data<Acc>();
+    if (sc_ > 1) {
+      Acc* pieces = grad_pieces_.ensure(n * static_cast<size_t>(W_));
+      move_pieces(pieces, send, g.shape(), expert_split_dim(local_params_[i]->name), E_, sc_, false);
+      send = pieces;
+    }
+    Acc* sum = grad_scratch_.ensure(n);
+    timed([&] { group_.reduce_scatter(send, sum, n, at, ReduceOp::sum); });
+    add_into(g.template data<Acc>(), sum, static_cast<int64_t>(n));
+  }
+}
+
+template <class S>
+typename ExpertParallelStage<S>::ShardedWork& ExpertParallelStage<S>::sharded_work(int r) {
+  auto it = work_.find(r);
+  if (it != work_.end()) return it->second;
+  const int b = sc_ / r, rank = group_.rank(), q = (rank % sc_) / b;
+  const int64_t H = config_.experts.hidden_size;
+  ShardedWork w;
+  if (b > 1) w.block = group_.split(rank / b, rank);  // collective: every rank switches to r together
+  w.experts = make_experts<S>(config_, ExpertShard{rank / sc_, 1, q * (H / r), H / r, 0, 0}, w.params);
+  XMOE_CHECK(w.params.size() == local_params_.size(), "expert parallel: sharded experts' parameters differ");
+  return work_.emplace(r, std::move(w)).first->second;
+}
+
+// Sharded experts, r > 0: block b = sc / r gathers hidden part q; expert e's slots go to its sc ranks, rank
+// j taking slots [(j % b)·C/b, (j % b + 1)·C/b) for hidden part j / b; the r partial outputs are summed in
+// part order.
+template <class S>
+void ExpertParallelStage<S>::forward_sharded(const Ops<S>& ops, const S* disp, int r, int overlap, S* yd) {
+  const ElementType st = element_type_of<S>();
+  ShardedWork& work = sharded_work(r);
+  const int b = sc_ / r, q = (group_.rank() % sc_) / b;
+  for (size_t i = 0; i < local_params_.size(); ++i) {
+    const Tensor& v = local_params_[i]->value;
+    Tensor& dst = work.params[i]->value;
+    const auto n = static_cast<size_t>(v.numel());
+    if (local_params_[i]->name == "experts.batched_fc2_bias") {
+      // Output-column slices over the shard group; only part 0 adds the bias.
+      timed([&] { shard_group_->all_gather(v.raw(), dst.raw(), n, st); });
+      if (q != 0) dst.zero();
+    } else if (b == 1) {
+      dst.copy_from(v);
+    } else {
+      S* pieces = pieces_.ensure(n * static_cast<size_t>(b));
+      timed([&] { work.block->all_gather(v.raw(), pieces, n, st); });
+      move_pieces(pieces, dst.template data<S>(), v.shape(), expert_split_dim(local_params_[i]->name), 1, b,
+                  true);
+    }
+  }
+  const int64_t C = C_, Cb = C / b, R = W_ * Cb;
+  if (overlap > 1 && Cb > 0 && Cb % overlap == 0) {
+    overlap_ = overlap;
+    forward_sharded_overlapped(ops, disp, *work.experts, b, yd);
+    return;
+  }
+  S* send = recv_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * M_)));
+  for (int w = 0; w < W_ && Cb > 0; ++w) {
+    const int64_t e = w / sc_, s = (w % sc_) % b;
+    std::memcpy(static_cast<void*>(send + w * Cb * M_), disp + (e * C + s * Cb) * M_,
+                sizeof(S) * static_cast<size_t>(Cb * M_));
+  }
+  S* xl = x_local_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * M_)));
+  all_to_all(send, xl, static_cast<size_t>(Cb * M_), st);
+  const int64_t offsets[2] = {0, R};
+  S* yl = y_local_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * O_)));
+  work.experts->forward(ops, xl, offsets, yl);
+  S* back = send_back_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * O_)));
+  all_to_all(yl, back, static_cast<size_t>(Cb * O_), st);
+  for (int w = 0; w < W_ && Cb > 0; ++w) {
+    const int64_t e = w / sc_, part = (w % sc_) / b, s = (w % sc_) % b;
+    S* dst = yd + (e * C + s * Cb) * O_;
+    const S* src = back + w * Cb * O_;
+    if (part == 0) {
+      std::memcpy(static_cast<void*>(dst), src, sizeof(S) * static_cast<size_t>(Cb * O_));
+    } else {
+      for (int64_t i = 0; i < Cb * O_; ++i)
+        dst[i] = static_cast<S>(static_cast<Acc>(dst[i]) + static_cast<Acc>(src[i]));
+    }
+  }
+}
+
+template <class S>
+void ExpertParallelStage<S>::backward_sharded(const Ops<S>& ops, const S* dyd, Acc* dxd) {
+  const ElementType st = element_type_of<S>(), at = element_type_of<Acc>();
+  const int r = r_, b = sc_ / r, q = (group_.rank() % sc_) / b;
+  ShardedWork& work = sharded_work(r);
+  const int64_t C = C_, Cb = C / b, R = W_ * Cb;
+  for (auto& p : work.params) p->grad.zero();
+  if (overlap_ > 1 && work.experts->supports_split_backward()) {
+    backward_sharded_overlapped(ops, dyd, *work.experts, b, dxd);
+  } else {
+    S* send = dy_recv_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * O_)));
+    for (int w = 0; w < W_ && Cb > 0; ++w) {
+      const int64_t e = w / sc_, s = (w % sc_) % b;
+      std::memcpy(static_cast<void*>(send + w * Cb * O_), dyd + (e * C + s * Cb) * O_,
+                  sizeof(S) * static_cast<size_t>(Cb * O_));
+    }
+    S* dyl = dy_local_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * O_)));
+    all_to_all(send, dyl, static_cast<size_t>(Cb * O_), st);
+    const int64_t offsets[2] = {0, R};
+    Acc* dxl = dx_local_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * M_)));
+    work.experts->backward(ops, x_local_.data(), dyl, offsets, dxl);
+    Acc* back = dx_send_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * M_)));
+    all_to_all(dxl, back, static_cast<size_t>(Cb * M_), at);
+    for (int w = 0; w < W_ && Cb > 0; ++w) {
+      const int64_t e = w / sc_, part = (w % sc_) / b, s = (w % sc_) % b;
+      Acc* dst = dxd + (e * C + s * Cb) * M_;
+      const Acc* src = back + w * Cb * M_;
+      if (part == 0)
+        std::memcpy(static_cast<void*>(dst), src, sizeof(Acc) * static_cast<size_t>(Cb * M_));
+      else
+        add_into(dst, src, Cb * M_);
+    }
+  }
+  // Gradients of the gathered parameters go back to the slices' owners, summed over the ranks that used them.
+  for (size_t i = 0; i < local_params_.size(); ++i) {
+    Tensor& g = local_params_[i]->grad;
+    Tensor& wg = work.params[i]->grad;
+    const auto n = static_cast<size_t>(g.numel());
+    Acc* sum = grad_scratch_.ensure(n);
+    if (local_params_[i]->name == "experts.batched_fc2_bias") {
+      if (q != 0) wg.zero();  // parts other than 0 did not add the bias
+      timed([&] { shard_group_->reduce_scatter(wg.raw(), sum, n, at, ReduceOp::sum); });
+    } else if (b == 1) {
+      std::memcpy(static_cast<void*>(sum), wg.raw(), sizeof(Acc) * n);
+    } else {
+      Acc* pieces = grad_pieces_.ensure(n * static_cast<size_t>(b));
+      move_pieces(pieces, wg.template data<Acc>(), g.shape(), expert_split_dim(local_params_[i]->name), 1, b,
+                  false);
+      timed([&] { work.block->reduce_scatter(pieces, sum, n, at, ReduceOp::sum); });
+    }
+    add_into(g.template data<Acc>(), sum, static_cast<int64_t>(n));
+  }
+}
+
+// Sharded experts in D chunks: chunk d is rows [d·Cd, (d+1)·Cd) of every destination's block of Cb slots.
+// Rows land where the unchunked path puts them ([source][Cb]) and the partial outputs are summed in the same
+// part order, so the results are bit-identical to D = 1.
+template <class S>
+void ExpertParallelStage<S>::forward_sharded_overlapped(const Ops<S>& ops, const S* disp, Experts<S>& ex,
+                                                        int b, S* yd) {
+  const ElementType st = element_type_of<S>();
+  const int D = overlap_;
+  const int64_t C = C_, Cb = C / b, Cd = Cb / D, R = W_ * Cb;
+  const int64_t chunk_in = W_ * Cd * M_, chunk_out = W_ * Cd * O_;
+  S* xl = x_local_.ensure(static_cast<size_t>(R * M_));
+  S* yl = y_local_.ensure(static_cast<size_t>(R * O_));
+  S* send = chunk_send_.ensure(static_cast<size_t>(D * chunk_in));
+  S* recv = chunk_recv_.ensure(static_cast<size_t>(D * chunk_in));
+  S* back = chunk_back_.ensure(static_cast<size_t>(D * chunk_out));
+  S* back_recv = chunk_back_recv_.ensure(static_cast<size_t>(D * chunk_out));
+  for (int d = 0; d < D; ++d)
+    for (int w = 0; w < W_; ++w) {
+      const int64_t e = w / sc_, s = (w % sc_) % b;
+      std::memcpy(static_cast<void*>(send + d * chunk_in + w * Cd * M_),
+                  disp + (e * C + s * Cb + d * Cd) * M_, sizeof(S) * static_cast<size_t>(Cd * M_));
+    }
+  std::vector<std::unique_ptr<CommRequest>> in(static_cast<size_t>(D)), out(static_cast<size_t>(D));
+  in[0] = group_.all_to_all_async(send, recv, static_cast<size_t>(Cd * M_), st);
+  for (int d = 0; d < D; ++d) {
+    timed([&] { in[static_cast<size_t>(d)]->wait(); });
+    if (d + 1 < D)
+      in[static_cast<size_t>(d) + 1] = group_.all_to_all_async(
+          send + (d + 1) * chunk_in, recv + (d + 1) * chunk_in, static_cast<size_t>(Cd * M_), st);
+    ranges_.clear();
+    for (int64_t w = 0; w < W_; ++w) {
+      const int64_t row = w * Cb + d * Cd;
+      std::memcpy(static_cast<void*>(xl + row * M_), recv + d * chunk_in + w * Cd * M_,
+                  sizeof(S) * static_cast<size_t>(Cd * M_));
+      ranges_.push_back({0, row, row + Cd});
+    }
+    ex.forward_rows(ops, xl, ranges_, R, yl);
+    for (int64_t w = 0; w < W_; ++w)
+      std::memcpy(static_cast<void*>(back + d * chunk_out + w * Cd * O_), yl + (w * Cb + d * Cd) * O_,
+                  sizeof(S) * static_cast<size_t>(Cd * O_));
+    out[static_cast<size_t>(d)] = group_.all_to_all_async(back + d * chunk_out, back_recv + d * chunk_out,
+                                                          static_cast<size_t>(Cd * O_), st);
+  }
+  for (int d = 0; d < D; ++d) {
+    timed([&] { out[static_cast<size_t>(d)]->wait(); });
+    for (int w = 0; w < W_; ++w) {
+      const int64_t e = w / sc_, part = (w % sc_) / b, s = (w % sc_) % b;
+      S* dst = yd + (e * C + s * Cb + d * Cd) * O_;
+      const S* src = back_recv + d * chunk_out + w * Cd * O_;
+      if (part == 0) {
+        std::memcpy(static_cast<void*>(dst), src, sizeof(S) * static_cast<size_t>(Cd * O_));
+      } else {
+        for (int64_t i = 0; i < Cd * O_; ++i)
+          dst[i] = static_cast<S>(static_cast<Acc>(dst[i]) + static_cast<Acc>(src[i]));
+      }
+    }
+  }
+}
+
+template <class S>
+void ExpertParallelStage<S>::backward_sharded_overlapped(const Ops<S>& ops, const S* dyd, Experts<S>& ex,
+                                                         int b, Acc* dxd) {
+  const ElementType st = element_type_of<S>(), at = element_type_of<Acc>();
+  const int D = overlap_;
+  const int64_t C = C_, Cb = C / b, Cd = Cb / D, R = W_ * Cb;
+  const int64_t chunk_dy = W_ * Cd * O_, chunk_dx = W_ * Cd * M_;
+  S* dyl = dy_local_.ensure(static_cast<size_t>(R * O_));
+  Acc* dxl = dx_local_.ensure(static_cast<size_t>(R * M_));
+  S* send = chunk_send_.ensure(static_cast<size_t>(D * chunk_dy));
+  S* recv = chunk_recv_.ensure(static_cast<size_t>(D * chunk_dy));
+  Acc* back = dx_chunk_send_.ensure(static_cast<size_t>(D * chunk_dx));
+  Acc* back_recv = dx_chunk_recv_.ensure(static_cast<size_t>(D * chunk_dx));
+  for (int d = 0; d < D; ++d)
+    for (int w = 0; w < W_; ++w) {
+      const int64_t e = w / sc_, s = (w % sc_) % b;
+      std::memcpy(static_cast<void*>(send + d * chunk_dy + w * Cd * O_), dyd + (e * C + s * Cb + d * Cd) * O_,
+                  sizeof(S) * static_cast<size_t>(Cd * O_));
+    }
+  std::vector<std::unique_ptr<CommRequest>> in(static_cast<size_t>(D)), out(static_cast<size_t>(D));
+  in[0] = group_.all_to_all_async(send, recv, static_cast<size_t>(Cd * O_), st);
+  for (int d = 0; d < D; ++d) {
+    timed([&] { in[static_cast<size_t>(d)]->wait(); });
+    if (d + 1 < D)
+      in[static_cast<size_t>(d) + 1] = group_.all_to_all_async(
+          send + (d + 1) * chunk_dy, recv + (d + 1) * chunk_dy, static_cast<size_t>(Cd * O_), st);
+    ranges_.clear();
+    for (int64_t w = 0; w < W_; ++w) {
+      const int64_t row = w * Cb + d * Cd;
+      std::memcpy(static_cast<void*>(dyl + row * O_), recv + d * chunk_dy + w * Cd * O_,
+                  sizeof(S) * static_cast<size_t>(Cd * O_));
+      ranges_.push_back({0, row, row + Cd});
+    }
+    ex.backward_rows(ops, x_local_.data(), dyl, ranges_, R, dxl);
+    for (int64_t w = 0; w < W_; ++w)
+      std::memcpy(static_cast<void*>(back + d * chunk_dx + w * Cd * M_), dxl + (w * Cb + d * Cd) * M_,
+                  sizeof(Acc) * static_cast<size_t>(Cd * M_));
+    out[static_cast<size_t>(d)] = group_.all_to_all_async(back + d * chunk_dx, back_recv + d * chunk_dx,
+                                                          static_cast<size_t>(Cd * M_), at);
+  }
+  const int64_t offsets[2] = {0, R};
+  ex.backward_params(ops, x_local_.data(), dyl, offsets);
+  for (int d = 0; d < D; ++d) {
+    timed([&] { out[static_cast<size_t>(d)]->wait(); });
+    for (int w = 0; w < W_; ++w) {
+      const int64_t e = w / sc_, part = (w % sc_) / b, s = (w % sc_) % b;
+      Acc* dst = dxd + (e * C + s * Cb + d * Cd) * M_;
+      const Acc* src = back_recv + d * chunk_dx + w * Cd * M_;
+      if (part == 0)
+        std::memcpy(static_cast<void*>(dst), src, sizeof(Acc) * static_cast<size_t>(Cd * M_));
+      else
+        add_into(dst, src, Cd * M_);
+    }
+  }
+}
+
+template <class S>
+template <class T>
+void ExpertParallelStage<S>::regroup(const T* src, T* dst, int64_t width, bool to_experts) const {
+  int64_t at = 0;  // row in [source][local expert] order
+  for (int s = 0; s < W_; ++s)
+    for (int l = 0; l < L_; ++l) {
+      const int64_t n = recv_counts_[static_cast<size_t>(s * L_ + l)];
+      int64_t row = local_offsets_[static_cast<size_t>(l)];  // the expert's rows from sources before s
+      for (int s2 = 0; s2 < s; ++s2) row += recv_counts_[static_cast<size_t>(s2 * L_ + l)];
+      const T* from = to_experts ? src + at * width : src + row * width;
+      T* to = to_experts ? dst + row * width : dst + at * width;
+      std::memcpy(static_cast<void*>(to), from, sizeof(T) * static_cast<size_t>(n * width));
+      at += n;
+    }
+}
+
+template <class S>
+void ExpertParallelStage<S>::exchange_rows(const void* send, void* recv, int64_t width, ElementType type,
+                                           bool out) {
+  std::vector<int64_t> sc(static_cast<size_t>(W_)), sd(sc.size()), rc(sc.size()), rd(sc.size());
+  int64_t s_at = 0, r_at = 0;
+  for (int w = 0; w < W_; ++w) {
+    int64_t s_rows = 0, r_rows = 0;
+    for (int l = 0; l < L_; ++l) {
+      s_rows += sent_counts_[static_cast<size_t>(w * L_ + l)];
+      r_rows += recv_counts_[static_cast<size_t>(w * L_ + l)];
+    }
+    const auto uw = static_cast<size_t>(w);
+    sc[uw] = s_rows * width, sd[uw] = s_at * width, rc[uw] = r_rows * width, rd[uw] = r_at * width;
+    s_at += s_rows, r_at += r_rows;
+  }
+  timed([&] {
+    if (out)
+      group_.all_to_all_v(send, sc, sd, recv, rc, rd, type);
+    else
+      group_.all_to_all_v(send, rc, rd, recv, sc, sd, type);
+  });
+}
+
+template <class S>
+void ExpertParallelStage<S>::forward_grouped(const Ops<S>& ops, const S* disp,
+                                             std::span<const int64_t> offsets, int r, S* yd) {
+  check_r(r);
+  XMOE_CHECK(sc_ == 1, "execution: grouped (dropless) execution with each expert split over ranks (", E_,
+             " experts over ", W_, " ranks) is not available; use padded");
+  XMOE_CHECK(offsets.size() == static_cast<size_t>(E_) + 1,
+             "expert parallel: grouped offsets need E + 1 entries");
+  r_ = r;
+  grouped_ = true;
+  comm_seconds_ = 0;
+  grouped_offsets_.assign(offsets.begin(), offsets.end());
+  if (r == 0) {
+    XMOE_CHECK(full_ != nullptr, "adaptive_r: 0 (data parallel) needs built-in experts");
+    gather_all_experts();
+    full_->forward(ops, disp, offsets, yd);
+    return;
+  }
+  // Counts first: rows of each (destination rank, its local expert), received per (source, local expert).
+  sent_counts_.resize(static_cast<size_t>(E_));
+  recv_counts_.resize(static_cast<size_t>(E_));
+  for (int e = 0; e < E_; ++e)
+    sent_counts_[static_cast<size_t>(e)] =
+        offsets[static_cast<size_t>(e) + 1] - offsets[static_cast<size_t>(e)];
+  timed([&] {
+    group_.all_to_all(sent_counts_.data(), recv_counts_.data(), static_cast<size_t>(L_), ElementType::i64);
+  });
+  local_offsets_.assign(static_cast<size_t>(L_) + 1, 0);
+  for (int l = 0; l < L_; ++l) {
+    int64_t n = 0;
+    for (int s = 0; s < W_; ++s) n += recv_counts_[static_cast<size_t>(s * L_ + l)];
+    local_offsets_[static_cast<size_t>(l) + 1] = local_offsets_[static_cast<size_t>(l)] + n;
+  }
+  const int64_t R = local_offsets_.back();
+  const ElementType st = element_type_of<S>();
+  S* recv = recv_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * M_)));
+  exchange_rows(disp, recv, M_, st, true);
+  S* xl = x_local_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * M_)));
+  regroup(recv, xl, M_, true);
+  S* yl = y_local_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * O_)));
+  local_.forward(ops, xl, local_offsets_, yl);
+  S* back = send_back_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * O_)));
+  regroup(yl, back, O_, false);
+  exchange_rows(back, yd, O_, st, false);
+}
+
+template <class S>
+void ExpertParallelStage<S>::backward_grouped(const Ops<S>& ops, const S* disp, const S* dyd, Acc* dxd) {
+  if (r_ == 0) {
+    for (auto& p : full_params_) p->grad.zero();
+    full_->backward(ops, disp, dyd, grouped_offsets_, dxd);
+    reduce_scatter_all_experts();
+    return;
+  }
+  const int64_t R = local_offsets_.back();
+  const ElementType st = element_type_of<S>(), at = element_type_of<Acc>();
+  S* dr = dy_recv_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * O_)));
+  exchange_rows(dyd, dr, O_, st, true);
+  S* dyl = dy_local_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * O_)));
+  regroup(dr, dyl, O_, true);
+  Acc* dxl = dx_local_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * M_)));
+  local_.backward(ops, x_local_.data(), dyl, local_offsets_, dxl);
+  Acc* ds = dx_send_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * M_)));
+  regroup(dxl, ds, M_, false);
+  exchange_rows(ds, dxd, M_, at, false);
+}
+
 template <class S>
 size_t ExpertParallelStage<S>::workspace_bytes() const {
   size_t b = recv_.bytes() + x_local_.bytes() + y_local_.bytes() + send_back_.bytes() + chunk_send_.bytes() +
              chunk_recv_.bytes() + chunk_back_.bytes() + chunk_back_recv_.bytes() + dy_recv_.bytes() +
-             dy_local_.bytes() + dx_local_.bytes() + dx_send_.bytes() + grad_scratch_.bytes();
+             dy_local_.bytes() + dx_local_.bytes() + dx_send_.bytes() + grad_scratch_.bytes() +
+             pieces_.bytes() + grad_pieces_.bytes() + dx_chunk_send_.bytes() + dx_chunk_recv_.bytes();
   if (full_) b += full_->workspace_bytes();
+  for (const auto& [r, w] : work_) b += w.experts->workspace_bytes();
   return b;
 }
 

@@ -22,11 +22,11 @@ Activation parse_activation(const std::string& name) {
 namespace {
 
 Parameter& add_expert_param(std::vector<std::unique_ptr<Parameter>>& params, const std::string& name,
-                            const Shape& shape, DType dtype) {
+                            const Shape& shape, DType dtype, bool with_grad = true) {
   auto p = std::make_unique<Parameter>();
   p->name = name;
   p->value = Tensor::zeros(shape, dtype);
-  p->grad = Tensor::zeros(shape, dtype == DType::f64 ? DType::f64 : DType::f32);
+  if (with_grad) p->grad = Tensor::zeros(shape, dtype == DType::f64 ? DType::f64 : DType::f32);
   p->is_expert = true;
   params.push_back(std::move(p));
   return *params.back();
@@ -91,7 +91,8 @@ class FfnExperts final : public Experts<S> {
     if (c.experts.has_fc1_bias)
       b1_ = &add_expert_param(params, "experts.batched_fc1_bias", {E_, H_}, c.dtype);
     if (c.experts.has_fc2_bias)
-      b2_ = &add_expert_param(params, "experts.batched_fc2_bias", {E_, O_}, c.dtype);
+      b2_ = &add_expert_param(params, "experts.batched_fc2_bias",
+                              {E_, sh.output_size > 0 ? sh.output_size : O_}, c.dtype);
     const int64_t full_h = c.experts.hidden_size;
     init_uniform(w1_->value, 1.0 / std::sqrt(static_cast<double>(M_)), c.seed_experts, 0,
                  ShardIndex{sh.first, H_, M_, full_h, sh.hidden_begin});
@@ -102,6 +103,10 @@ class FfnExperts final : public Experts<S> {
 
   void forward_rows(const Ops<S>& ops, const S* x, std::span<const ExpertRange> ranges, int64_t R,
                     S* y) override {
+    XMOE_CHECK(
+        !b2_ || b2_->value.dim(1) == O_,
+        "experts: this object holds a slice of the fc2 bias (a hidden-sharded expert's parameters) and "
+        "cannot run forward");
     Acc* pre = pre_.ensure(static_cast<size_t>(R * H_));
     S* a = act_out_.ensure(static_cast<size_t>(R * H_));
     Acc* a_acc = act_stage_.acc_for(a, static_cast<size_t>(R * H_));
@@ -132,31 +137,52 @@ class FfnExperts final : public Experts<S> {
   }
 
   void backward(const Ops<S>& ops, const S* x, const S* dy, std::span<const int64_t> off, Acc* dx) override {
-    const int64_t R = off[static_cast<size_t>(E_)];
+    ranges_.clear();
+    for (int64_t e = 0; e < E_; ++e)
+      ranges_.push_back({e, off[static_cast<size_t>(e)], off[static_cast<size_t>(e) + 1]});
+    backward_rows(ops, x, dy, ranges_, off[static_cast<size_t>(E_)], dx);
+    backward_params(ops, x, dy, off);
+  }
+
+  bool supports_split_backward() const override { return true; }
+
+  // dh = act'(pre) ⊙ dy W2ᵀ (kept for backward_params), dx = dh W1.
+  void backward_rows(const Ops<S>& ops, const S*, const S* dy, std::span<const ExpertRange> ranges, int64_t R,
+                     Acc* dx) override {
     Acc* dh = dh_.ensure(static_cast<size_t>(R * H_));
     S* dh_s = dh_stage_.store.ensure(static_cast<size_t>(R * H_));
     const Acc* pre = pre_.data();
-    const S* a = act_out_.data();
-    for (int64_t e = 0; e < E_; ++e) {
-      const int64_t r0 = off[static_cast<size_t>(e)], r = off[static_cast<size_t>(e) + 1] - r0;
+    for (const ExpertRange& rg : ranges) {
+      const int64_t e = rg.expert, r0 = rg.begin, r = rg.end - rg.begin;
+      XMOE_CHECK(e >= 0 && e < E_ && r0 >= 0 && r >= 0 && rg.end <= R, "experts: bad row range");
       if (r == 0) continue;
-      const S* dy_e = dy + r0 * O_;
-      if (b2_) column_sums(dy_e, r, O_, b2_->grad.data<Acc>() + e * O_, to_acc_value<S>);
-      ops.gemm(gemm_args<S, Acc>(r, H_, O_, dy_e, O_, false, w2_->value.data<S>() + e * H_ * O_, O_, true,
-                                 dh + r0 * H_, H_, false));
-      ops.gemm(gemm_args<S, Acc>(H_, O_, r, a + r0 * H_, H_, true, dy_e, O_, false,
-                                 w2_->grad.data<Acc>() + e * H_ * O_, O_, true));
+      ops.gemm(gemm_args<S, Acc>(r, H_, O_, dy + r0 * O_, O_, false, w2_->value.data<S>() + e * H_ * O_, O_,
+                                 true, dh + r0 * H_, H_, false));
       parallel_rows(r, 16, [&](int64_t i0, int64_t i1) {
         Acc* d = dh + (r0 + i0) * H_;
         ops.act_backward(act_, pre + (r0 + i0) * H_, d, d, (i1 - i0) * H_);
         if constexpr (!std::is_same_v<S, Acc>) ops.to_storage(d, dh_s + (r0 + i0) * H_, (i1 - i0) * H_);
       });
-      if (b1_) column_sums(dh + r0 * H_, r, H_, b1_->grad.data<Acc>() + e * H_, [](Acc v) { return v; });
       const S* dhs = std::is_same_v<S, Acc> ? reinterpret_cast<const S*>(dh) : dh_s;
-      ops.gemm(gemm_args<S, Acc>(H_, M_, r, dhs + r0 * H_, H_, true, x + r0 * M_, M_, false,
-                                 w1_->grad.data<Acc>() + e * H_ * M_, M_, true));
       ops.gemm(gemm_args<S, Acc>(r, M_, H_, dhs + r0 * H_, H_, false, w1_->value.data<S>() + e * H_ * M_, M_,
                                  false, dx + r0 * M_, M_, false));
+    }
+  }
+
+  void backward_params(const Ops<S>& ops, const S* x, const S* dy, std::span<const int64_t> off) override {
+    const Acc* dh = dh_.data();
+    const S* a = act_out_.data();
+    const S* dhs = std::is_same_v<S, Acc> ? reinterpret_cast<const S*>(dh) : dh_stage_.store.data();
+    for (int64_t e = 0; e < E_; ++e) {
+      const int64_t r0 = off[static_cast<size_t>(e)], r = off[static_cast<size_t>(e) + 1] - r0;
+      if (r == 0) continue;
+      const S* dy_e = dy + r0 * O_;
+      if (b2_) column_sums(dy_e, r, O_, b2_->grad.data<Acc>() + e * O_, to_acc_value<S>);
+      ops.gemm(gemm_args<S, Acc>(H_, O_, r, a + r0 * H_, H_, true, dy_e, O_, false,
+                                 w2_->grad.data<Acc>() + e * H_ * O_, O_, true));
+      if (b1_) column_sums(dh + r0 * H_, r, H_, b1_->grad.data<Acc>() + e * H_, [](Acc v) { return v; });
+      ops.gemm(gemm_args<S, Acc>(H_, M_, r, dhs + r0 * H_, H_, true, x + r0 * M_, M_, false,
+                                 w1_->grad.data<Acc>() + e * H_ * M_, M_, true));
     }
   }
 
@@ -181,6 +207,7 @@ class FfnExperts final : public Experts<S> {
   int64_t E_, M_, H_, O_;
   Activation act_;
   Parameter *w1_ = nullptr, *w2_ = nullptr, *b1_ = nullptr, *b2_ = nullptr;
+  std::vector<ExpertRange> ranges_;
   Buffer<Acc> pre_, dh_, b1_acc_, b2_acc_;
   Buffer<S> act_out_;
   StagedRows<S> act_stage_, out_stage_, dh_stage_;
@@ -193,9 +220,10 @@ class SwigluExperts final : public Experts<S> {
   using Acc = acc_t<S>;
   SwigluExperts(const MoeConfig& c, const ExpertShard& sh, std::vector<std::unique_ptr<Parameter>>& params)
       : E_(sh.count), M_(c.model_dim), H_(sh.hidden_size) {
-    gate_ = &add_expert_param(params, "experts.gate_proj", {E_, H_, M_}, c.dtype);
-    up_ = &add_expert_param(params, "experts.up_proj", {E_, H_, M_}, c.dtype);
-    down_ = &add_expert_param(params, "experts.down_proj", {E_, M_, H_}, c.dtype);
+    gate_ = &add_expert_param(params, "experts.gate_proj", {E_, H_, M_}, c.dtype, !sh.inference_only);
+    up_ = &add_expert_param(params, "experts.up_proj", {E_, H_, M_}, c.dtype, !sh.inference_only);
+    down_ = &add_expert_param(params, "experts.down_proj", {E_, M_, H_}, c.dtype, !sh.inference_only);
+    if (sh.inference_only) return;
     const int64_t full_h = c.experts.hidden_size;
     init_normal(gate_->value, 0.01, c.seed_experts, 0, ShardIndex{sh.first, H_, M_, full_h, sh.hidden_begin});
     init_normal(up_->value, 0.01, c.seed_experts, 1, ShardIndex{sh.first, H_, M_, full_h, sh.hidden_begin});
@@ -241,21 +269,29 @@ class SwigluExperts final : public Experts<S> {
   }
 
   void backward(const Ops<S>& ops, const S* x, const S* dy, std::span<const int64_t> off, Acc* dx) override {
-    const int64_t R = off[static_cast<size_t>(E_)];
+    ranges_.clear();
+    for (int64_t e = 0; e < E_; ++e)
+      ranges_.push_back({e, off[static_cast<size_t>(e)], off[static_cast<size_t>(e) + 1]});
+    backward_rows(ops, x, dy, ranges_, off[static_cast<size_t>(E_)], dx);
+    backward_params(ops, x, dy, off);
+  }
+
+  bool supports_split_backward() const override { return true; }
+
+  // dg, du through silu_mul (kept for backward_params), dx = dg G + du U.
+  void backward_rows(const Ops<S>& ops, const S*, const S* dy, std::span<const ExpertRange> ranges, int64_t R,
+                     Acc* dx) override {
     Acc* da = da_.ensure(static_cast<size_t>(R * H_));
     Acc* dg = dg_.ensure(static_cast<size_t>(R * H_));
     Acc* du = du_.ensure(static_cast<size_t>(R * H_));
     S* dg_s = dg_stage_.store.ensure(static_cast<size_t>(R * H_));
     S* du_s = du_stage_.store.ensure(static_cast<size_t>(R * H_));
-    for (int64_t e = 0; e < E_; ++e) {
-      const int64_t r0 = off[static_cast<size_t>(e)], r = off[static_cast<size_t>(e) + 1] - r0;
+    for (const ExpertRange& rg : ranges) {
+      const int64_t e = rg.expert, r0 = rg.begin, r = rg.end - rg.begin;
+      XMOE_CHECK(e >= 0 && e < E_ && r0 >= 0 && r >= 0 && rg.end <= R, "experts: bad row range");
       if (r == 0) continue;
-      const S* dy_e = dy + r0 * M_;
-      const S* xe = x + r0 * M_;
-      ops.gemm(gemm_args<S, Acc>(r, H_, M_, dy_e, M_, false, down_->value.data<S>() + e * M_ * H_, H_, false,
-                                 da + r0 * H_, H_, false));
-      ops.gemm(gemm_args<S, Acc>(M_, H_, r, dy_e, M_, true, a_.data() + r0 * H_, H_, false,
-                                 down_->grad.data<Acc>() + e * M_ * H_, H_, true));
+      ops.gemm(gemm_args<S, Acc>(r, H_, M_, dy + r0 * M_, M_, false, down_->value.data<S>() + e * M_ * H_, H_,
+                                 false, da + r0 * H_, H_, false));
       parallel_rows(r, 16, [&](int64_t i0, int64_t i1) {
         const int64_t o = (r0 + i0) * H_, n = (i1 - i0) * H_;
         ops.silu_mul_backward(g_.data() + o, u_.data() + o, da + o, dg + o, du + o, n);
@@ -266,14 +302,26 @@ class SwigluExperts final : public Experts<S> {
       });
       const S* dgs = std::is_same_v<S, Acc> ? reinterpret_cast<const S*>(dg) : dg_s;
       const S* dus = std::is_same_v<S, Acc> ? reinterpret_cast<const S*>(du) : du_s;
-      ops.gemm(gemm_args<S, Acc>(H_, M_, r, dgs + r0 * H_, H_, true, xe, M_, false,
-                                 gate_->grad.data<Acc>() + e * H_ * M_, M_, true));
-      ops.gemm(gemm_args<S, Acc>(H_, M_, r, dus + r0 * H_, H_, true, xe, M_, false,
-                                 up_->grad.data<Acc>() + e * H_ * M_, M_, true));
       ops.gemm(gemm_args<S, Acc>(r, M_, H_, dgs + r0 * H_, H_, false, gate_->value.data<S>() + e * H_ * M_,
                                  M_, false, dx + r0 * M_, M_, false));
       ops.gemm(gemm_args<S, Acc>(r, M_, H_, dus + r0 * H_, H_, false, up_->value.data<S>() + e * H_ * M_, M_,
                                  false, dx + r0 * M_, M_, true));
+    }
+  }
+
+  void backward_params(const Ops<S>& ops, const S* x, const S* dy, std::span<const int64_t> off) override {
+    const S* dgs = std::is_same_v<S, Acc> ? reinterpret_cast<const S*>(dg_.data()) : dg_stage_.store.data();
+    const S* dus = std::is_same_v<S, Acc> ? reinterpret_cast<const S*>(du_.data()) : du_stage_.store.data();
+    for (int64_t e = 0; e < E_; ++e) {
+      const int64_t r0 = off[static_cast<size_t>(e)], r = off[static_cast<size_t>(e) + 1] - r0;
+      if (r == 0) continue;
+      const S* xe = x + r0 * M_;
+      ops.gemm(gemm_args<S, Acc>(M_, H_, r, dy + r0 * M_, M_, true, a_.data() + r0 * H_, H_, false,
+                                 down_->grad.data<Acc>() + e * M_ * H_, H_, true));
+      ops.gemm(gemm_args<S, Acc>(H_, M_, r, dgs + r0 * H_, H_, true, xe, M_, false,
+                                 gate_->grad.data<Acc>() + e * H_ * M_, M_, true));
+      ops.gemm(gemm_args<S, Acc>(H_, M_, r, dus + r0 * H_, H_, true, xe, M_, false,
+                                 up_->grad.data<Acc>() + e * H_ * M_, M_, true));
     }
   }
 
@@ -285,6 +333,7 @@ class SwigluExperts final : public Experts<S> {
  private:
   int64_t E_, M_, H_;
   Parameter *gate_, *up_, *down_;
+  std::vector<ExpertRange> ranges_;
   Buffer<Acc> g_, u_, da_, dg_, du_;
   Buffer<S> a_;
   StagedRows<S> a_stage_, y_stage_, dg_stage_, du_stage_;
@@ -345,7 +394,16 @@ class CustomExperts final : public Experts<S> {
 }  // namespace
 
 ExpertShard whole_model_shard(const MoeConfig& c) {
-  return ExpertShard{0, c.experts.num_experts, 0, c.experts.hidden_size};
+  return ExpertShard{0, c.experts.num_experts, 0, c.experts.hidden_size, 0, 0};
+}
+
+int expert_split_dim(const std::string& name) {
+  if (name == "experts.batched_fc1_w" || name == "experts.batched_fc2_w" ||
+      name == "experts.batched_fc1_bias" || name == "experts.batched_fc2_bias" ||
+      name == "experts.gate_proj" || name == "experts.up_proj")
+    return 1;
+  if (name == "experts.down_proj") return 2;
+  throw Error("experts: parameter '" + name + "' is not a built-in expert parameter that can be sharded");
 }
 
 template <class S>

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "moe/compute.hpp"
+#include "xmoe/error.hpp"
 #include "xmoe/moe_layer.hpp"
 
 namespace xmoe::moe {
@@ -37,6 +38,17 @@ class Experts {
   // x is the forward's input (unchanged since); dy [R, O] → dx [R, M]; accumulates parameter gradients.
   virtual void backward(const Ops<S>& ops, const S* x, const S* dy, std::span<const int64_t> offsets,
                         Acc* dx) = 0;
+  // Backward in two parts, for overlapped chunks: backward_rows writes dx for the given row ranges (a row's
+  // dx depends on that row alone) and may come in several calls with the same total_rows; backward_params
+  // then accumulates the parameter gradients over every row, in buffer order, so that the sum order (and
+  // every bit) is that of backward(). Only where supports_split_backward().
+  virtual bool supports_split_backward() const { return false; }
+  virtual void backward_rows(const Ops<S>&, const S*, const S*, std::span<const ExpertRange>, int64_t, Acc*) {
+    throw Error("experts: these experts have no split backward");
+  }
+  virtual void backward_params(const Ops<S>&, const S*, const S*, std::span<const int64_t>) {
+    throw Error("experts: these experts have no split backward");
+  }
   virtual size_t workspace_bytes() const = 0;
 
  private:
@@ -45,11 +57,23 @@ class Experts {
 
 // Which experts (and which hidden slice) an Experts object holds: experts [first, first + count) of the
 // global E, each with hidden rows [hidden_begin, hidden_begin + hidden_size) of the full expert.
+// A hidden-sharded expert (E < W) also holds only columns [output_begin, output_begin + output_size) of the
+// fc2 bias (Tutel's [L, O/sc] layout); output_size 0 means all O. Such an object is a parameter holder: it
+// cannot run forward, since its bias is partial (the expert-parallel stage gathers what a call needs).
 struct ExpertShard {
   int first = 0, count = 0;
   int64_t hidden_begin = 0, hidden_size = 0;
+  int64_t output_begin = 0, output_size = 0;
+  // Eval-only holders (an LLM's MoE blocks, whose weights are loaded from a checkpoint): parameters start
+  // zero, without random initialisation or gradient tensors (at real model sizes both cost gigabytes).
+  bool inference_only = false;
 };
 ExpertShard whole_model_shard(const MoeConfig& config);
+
+// The dim of a built-in expert parameter ([count, ...]) that a hidden-sharded layout splits: the hidden dim
+// (1 for fc1/fc2 weights, fc1 bias, gate/up projections; 2 for down_proj [E, M, H]), or the output dim for
+// the fc2 bias. Throws naming the parameter when it is not a built-in expert parameter.
+int expert_split_dim(const std::string& param_name);
 
 // Creates the experts named by config.experts.type holding `shard`; appends their parameters. Initial values
 // are the whole model's (config.seed_experts) at the shard's positions, so a sharded layer starts from

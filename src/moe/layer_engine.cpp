@@ -37,15 +37,12 @@ class LayerEngine final : public LayerEngineBase {
     if (!group_) {
       experts_ = make_experts<S>(c, whole_model_shard(c), params);
     } else {
-      const int W = group_->size();
-      XMOE_CHECK(E_ % W == 0, "experts.num_experts: ", E_, " experts over ", W,
-                 " ranks: expert parallelism needs a multiple of the group size");
-      const int L = E_ / W;
+      const ExpertPlacement place = place_experts(c, group_->rank(), group_->size());
       const size_t first_param = params.size();
-      experts_ = make_experts<S>(c, ExpertShard{group_->rank() * L, L, 0, c.experts.hidden_size}, params);
+      experts_ = make_experts<S>(c, place.shard, params);
       std::vector<Parameter*> local;
       for (size_t i = first_param; i < params.size(); ++i) local.push_back(params[i].get());
-      stage_ = std::make_unique<ExpertParallelStage<S>>(c, *group_, *experts_, local);
+      stage_ = std::make_unique<ExpertParallelStage<S>>(c, *group_, *experts_, local, place);
     }
     O_ = experts_->output_dim();
   }
@@ -66,11 +63,11 @@ class LayerEngine final : public LayerEngineBase {
     T_ = T, k_ = k;
     const int r = sw.adaptive_r ? *sw.adaptive_r : cfg_.adaptive_r;
     const int overlap = sw.a2a_overlap_degree > 0 ? sw.a2a_overlap_degree : cfg_.a2a_overlap_degree;
-    XMOE_CHECK(r == 0 || r == 1, "adaptive_r: must be 0 (data parallel) or 1 (expert parallel), got ", r);
+    if (stage_)
+      stage_->check_r(r);
+    else
+      XMOE_CHECK(r == 0 || r == 1, "adaptive_r: must be 0 (data parallel) or 1 (expert parallel), got ", r);
     XMOE_CHECK(overlap >= 1 && overlap <= 64, "a2a_overlap_degree: must be in [1, 64], got ", overlap);
-    XMOE_CHECK(
-        !group_ || sw.execution == ExpertExecution::padded,
-        "execution: grouped (dropless) execution is not available with expert parallelism yet; use padded");
     const bool noisy = sw.training && cfg_.gate.gate_noise > 0;
     if (noisy && sw.noise)
       XMOE_CHECK(sw.noise->numel() == T * E_, "noise: expected [", T, ", ", E_, "] draws, got ",
@@ -137,7 +134,11 @@ class LayerEngine final : public LayerEngineBase {
       group_->all_reduce(mine, group_max, 2, ElementType::i64, ReduceOp::max);
       capacity_tokens = group_max[0];
       max_count = group_max[1];
-      alignment = std::lcm(alignment, static_cast<int64_t>(overlap));
+      // Tutel aligns capacity to sc·D: every rank of a sharded expert takes an equal share of its slots,
+      // every overlap chunk an equal share of them. Grouped execution has no slots to split, so C stays as
+      // is.
+      if (sw.execution == ExpertExecution::padded)
+        alignment = std::lcm(alignment, static_cast<int64_t>(stage_->shards_per_expert()) * overlap);
     }
     capacity_ = compute_capacity(cf, k, capacity_tokens, E_, max_count, alignment);
     plan_rows(ids_.data(), locations_.data(), counts_.data(), T, E_, k, capacity_, sw.execution, plan_);
@@ -171,7 +172,9 @@ class LayerEngine final : public LayerEngineBase {
 
     t0 = Clock::now();
     S* yd = expert_out_.ensure(static_cast<size_t>(R * O_));
-    if (stage_)
+    if (stage_ && sw.execution == ExpertExecution::grouped)
+      stage_->forward_grouped(ops_, disp, plan_.offsets, r, yd);
+    else if (stage_)
       stage_->forward(ops_, disp, capacity_, r, overlap, yd);
     else
       experts_->forward(ops_, disp, plan_.offsets, yd);

@@ -7,6 +7,7 @@
 #include "moe/experts.hpp"
 #include "moe/layer_engine.hpp"
 #include "xmoe/communicator.hpp"
+#include "xmoe/reshard.hpp"
 #include "xmoe/safetensors.hpp"
 
 namespace xmoe {
@@ -111,11 +112,17 @@ void MoeLayer::save(const std::string& path) const {
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (auto& p : impl_->params) tensors.emplace_back(p->name, p->value);
   const int rank = impl_->group ? impl_->group->rank() : 0, size = impl_->group ? impl_->group->size() : 1;
-  save_safetensors(path, tensors,
-                   {{"_num_global_experts", std::to_string(impl_->config.experts.num_experts)},
-                    {"_rank", std::to_string(rank)},
-                    {"_world_size", std::to_string(size)},
-                    {"format", "xmoe.moe_layer"}});
+  std::map<std::string, std::string> metadata = {
+      {kMetaNumGlobalExperts, std::to_string(impl_->config.experts.num_experts)},
+      {kMetaRank, std::to_string(rank)},
+      {kMetaWorldSize, std::to_string(size)},
+      {"format", "xmoe.moe_layer"}};
+  // Which dim a hidden-sharded checkpoint splits (down_proj splits its last dim, not Tutel's first non-1).
+  if (impl_->config.experts.type != "custom")
+    for (auto& p : impl_->params)
+      if (p->is_expert)
+        metadata[kMetaExpertSplitDimPrefix + p->name] = std::to_string(moe::expert_split_dim(p->name));
+  save_safetensors(path, tensors, metadata);
 }
 
 void MoeLayer::load(const std::string& path) {
