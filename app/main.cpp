@@ -8,6 +8,8 @@
 #include "a2a_bench.hpp"
 #include "bench.hpp"
 #include "cli_checks.hpp"
+#include "generate_cmd.hpp"
+#include "init_model_cmd.hpp"
 #include "kernels/cpu_features.hpp"
 #include "reshard_cmd.hpp"
 #include "xmoe/error.hpp"
@@ -22,9 +24,9 @@ void add_bench_flags(CLI::App& cmd, xmoe::app::BenchOptions& o) {
   cmd.add_option("--hidden_size", o.hidden_size, "expert hidden size H")
       ->check(positive)
       ->capture_default_str();
-  cmd.add_option("--num_local_experts", o.num_local_experts, "experts E")
-      ->check(positive)
-      ->capture_default_str();
+  cmd.add_option("--num_local_experts", o.num_local_experts,
+                 "experts per rank; negative -n: one expert per n ranks (hidden-sharded), as in Tutel")
+      ->capture_default_str();  // run_bench checks it against the number of ranks
   cmd.add_option("--top", o.top, "top-k")->check(positive)->capture_default_str();
   cmd.add_option("--capacity_factor", o.capacity_factor, ">0 padded, 0 dropless, <0 capped dropless")
       ->capture_default_str();
@@ -57,10 +59,12 @@ void add_bench_flags(CLI::App& cmd, xmoe::app::BenchOptions& o) {
                "also time forwards that switch top_k/capacity_factor every call against unswitched ones");
   cmd.add_option("--seed", o.seed, "input seed")->capture_default_str();
   cmd.add_option("--parallel_type", o.parallel_type,
-                 "under mpirun: adaptive:R (R = 0 data, 1 expert parallel) | data | model")
+                 "under mpirun: adaptive:R (R = 0 data, 1 expert parallel, sc expert + model) | data | model")
       ->capture_default_str();
-  cmd.add_option("--adaptive_r", o.adaptive_r, "under mpirun: 0 = data parallel experts, 1 = expert parallel")
-      ->check(CLI::IsMember({0, 1}));
+  cmd.add_option("--adaptive_r", o.adaptive_r,
+                 "under mpirun: 0 = data parallel experts, 1 = expert parallel, up to sc (ranks per expert) = "
+                 "expert + model parallel; 0 or a divisor of sc")
+      ->check(CLI::NonNegativeNumber);
   cmd.add_option("--a2a_overlap_degree", o.a2a_overlap_degree,
                  "under mpirun: capacity chunks overlapping a2a")
       ->check(positive)
@@ -84,6 +88,10 @@ int main(int argc, char** argv) {
   CLI::App* a2a_bench_cmd = xmoe::app::add_a2a_bench_subcommand(app, a2a_bench);
   xmoe::app::ReshardOptions reshard;
   CLI::App* reshard_cmd = xmoe::app::add_reshard_subcommand(app, reshard);
+  xmoe::app::InitModelOptions init_model;
+  CLI::App* init_model_cmd = xmoe::app::add_init_model_subcommand(app, init_model);
+  xmoe::app::GenerateOptions generate;
+  CLI::App* generate_cmd = xmoe::app::add_generate_subcommand(app, generate);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -102,6 +110,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (reshard_cmd->parsed()) return xmoe::app::run_reshard(reshard);
+    if (init_model_cmd->parsed()) return xmoe::app::run_init_model(init_model);
+    if (generate_cmd->parsed()) return xmoe::app::run_generate(generate);
     if (a2a_bench_cmd->parsed()) return xmoe::app::run_a2a_bench(a2a_bench);
     return xmoe::app::run_bench(bench);
   } catch (const xmoe::Error& e) {

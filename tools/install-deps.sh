@@ -7,4 +7,4 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   g++ cmake make libgomp1 libgtest-dev nlohmann-json3-dev libcli11-dev openmpi-bin libopenmpi-dev \
-  pkg-config libonig-dev >/dev/null
+  pkg-config libonig-dev libicu-dev >/dev/null

@@ -38,6 +38,8 @@ class Checkpoint {
  public:
   // Opens dir/config.json and dir/model.safetensors, or the shards named by dir/model.safetensors.index.json
   // (every shard in the index must exist; every tensor the index names must be in its shard).
+  // As in transformers, model.safetensors wins when both exist, and tensors a shard holds that the index does
+  // not name are ignored; a tensor held by two shards is an error (the checkpoint is ambiguous).
   // Throws xmoe::Error naming the file and what is wrong.
   static Checkpoint open(const std::string& dir);
 

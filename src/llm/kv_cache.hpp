@@ -3,6 +3,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <vector>
 
 #include "xmoe/dtype.hpp"
@@ -26,7 +28,7 @@ class KvCache {
   SequenceId create_sequence();
   // Makes room for the sequence to hold `tokens` tokens in all; false (and no change) when blocks run out.
   bool reserve(SequenceId seq, int64_t tokens);
-  void release(SequenceId seq);  // returns the sequence's blocks to the pool
+  void release(SequenceId seq);              // returns the sequence's blocks to the pool
   int64_t length(SequenceId seq) const;      // tokens stored
   void set_length(SequenceId seq, int64_t);  // after a model step wrote new tokens (≤ reserved)
   const std::vector<int32_t>& block_table(SequenceId seq) const;
@@ -51,7 +53,8 @@ class KvCache {
   DType dtype_;
   int block_size_;
   int64_t total_blocks_ = 0;
-  std::vector<std::byte> storage_;
+  // calloc'd: a large budget costs address space, not memory, until blocks are written.
+  std::unique_ptr<std::byte, decltype(&std::free)> storage_{nullptr, &std::free};
   std::vector<int32_t> free_;
   std::vector<Sequence> sequences_;
 };

@@ -1,0 +1,259 @@
+#include "generate_cmd.hpp"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include "cli_checks.hpp"
+#include "kernels/read_bandwidth.hpp"
+#include "llm/chat_setup.hpp"
+#include "llm/checkpoint.hpp"
+#include "llm/engine.hpp"
+#include "llm/model.hpp"
+#include "llm/progress_bar.hpp"
+#include "xmoe/error.hpp"
+#include "xmoe/tokenizer.hpp"
+
+namespace xmoe::app {
+
+CLI::App* add_generate_subcommand(CLI::App& app, GenerateOptions& o) {
+  CLI::App* cmd = app.add_subcommand("generate", "Generate text with a Hugging Face MoE checkpoint");
+  const CLI::Validator positive = positive_integer();
+  const CLI::Validator non_negative = non_negative_number();
+  cmd->add_option("--model", o.model, "checkpoint directory (config.json, safetensors, tokenizer.json)")
+      ->required();
+  o.prompt_opt = cmd->add_option("--prompt", o.prompt, "prompt text");
+  o.prompt_ids_opt = cmd->add_option("--prompt-ids", o.prompt_ids, "prompt token ids, e.g. 1,2,3");
+  o.prompt_opt->excludes(o.prompt_ids_opt);
+  cmd->add_flag("--chat", o.chat, "apply the checkpoint's chat template to --prompt (as the user message)");
+  o.system_opt = cmd->add_option("--system", o.system, "system message (with --chat)");
+  cmd->add_flag("--no-think", o.no_think, "chat template with enable_thinking=false");
+  cmd->add_option("--max-tokens", o.max_tokens, "tokens to generate at most")
+      ->check(positive)
+      ->capture_default_str();
+  o.temperature_opt = cmd->add_option("--temperature", o.temperature,
+                                      "0 = greedy (default: generation_config.json, "
+                                      "else 1)")
+                          ->check(non_negative);
+  o.top_k_opt = cmd->add_option("--top-k", o.top_k, "keep the k most likely tokens (0 = off)")
+                    ->check(non_negative_integer());
+  o.top_p_opt = cmd->add_option("--top-p", o.top_p, "nucleus sampling, in (0, 1]");
+  o.min_p_opt =
+      cmd->add_option("--min-p", o.min_p, "drop tokens below min_p x the top probability, in [0, 1]");
+  o.repetition_opt = cmd->add_option("--repetition-penalty", o.repetition_penalty,
+                                     "HF repetition penalty over prompt and output (> 0, 1 = off)");
+  cmd->add_option("--presence-penalty", o.presence_penalty, "OpenAI presence penalty over generated tokens");
+  cmd->add_option("--frequency-penalty", o.frequency_penalty,
+                  "OpenAI frequency penalty over generated tokens");
+  o.seed_opt = cmd->add_option("--seed", o.seed, "sampling seed (sequence i of --batch uses seed + i)");
+  cmd->add_option("--stop", o.stop, "stop string (repeatable); not included in the output");
+  cmd->add_option("--stop-id", o.stop_ids, "stop token id (repeatable), in addition to the model's eos");
+  cmd->add_flag("--ignore-eos", o.ignore_eos, "do not stop at eos (decode exactly --max-tokens)");
+  cmd->add_option("--dtype", o.dtype, "weights and activations: bf16 | f32")
+      ->check(CLI::IsMember({"bf16", "f32"}))
+      ->capture_default_str();
+  cmd->add_option("--isa", o.isa, "kernel level cap: reference | avx2 | avx512 | avx512_bf16 (default: best)")
+      ->check(CLI::IsMember({"reference", "avx2", "avx512", "avx512_bf16", "amx"}));
+  cmd->add_option("--threads", o.threads, "OpenMP threads (0 = default)")->check(non_negative_integer());
+  cmd->add_option("--batch", o.batch, "the same prompt as N concurrent sequences (benchmarks)")
+      ->check(positive)
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-mb", o.kv_cache_mb, "KV cache budget in MiB")
+      ->check(positive)
+      ->capture_default_str();
+  cmd->add_option("--prefill-chunk", o.prefill_chunk, "tokens fed to the model per step (prefill chunk)")
+      ->check(positive)
+      ->capture_default_str();
+  cmd->add_flag("--no-stream", o.no_stream, "print the text once generation ends");
+  cmd->add_flag("--print-ids", o.print_ids, "also print the generated token ids to stderr");
+  cmd->add_flag("--measure-bandwidth", o.measure_bandwidth,
+                "measure the machine's read bandwidth and report decode's share of it");
+  return cmd;
+}
+
+namespace {
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = std::min(text.find(',', pos), text.size());
+    std::string item = text.substr(pos, comma - pos);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    long long v = -1;
+    size_t used = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    XMOE_CHECK(used == item.size() && !item.empty() && v >= 0 && v <= INT32_MAX, "--prompt-ids: '", item,
+               "' is not a token id (comma-separated non-negative integers expected)");
+    ids.push_back(static_cast<int32_t>(v));
+    pos = comma + 1;
+  }
+  return ids;
+}
+
+std::string join_ids(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(ids[i]);
+  }
+  return s;
+}
+
+double per_second(double count, double seconds) {
+  return seconds > 0 ? count / seconds : 0.0;
+}
+
+}  // namespace
+
+int run_generate(const GenerateOptions& o) {
+  XMOE_CHECK(o.prompt_opt->count() + o.prompt_ids_opt->count() == 1,
+             "generate: give exactly one of --prompt and --prompt-ids");
+  XMOE_CHECK(!o.chat || o.prompt_opt->count() == 1, "generate: --chat needs --prompt (text)");
+  XMOE_CHECK(o.chat || (o.system_opt->count() == 0 && !o.no_think),
+             "generate: --system and --no-think need --chat");
+  XMOE_CHECK(std::filesystem::is_directory(o.model), "generate: --model ", o.model, " is not a directory");
+  if (o.threads > 0) omp_set_num_threads(o.threads);
+
+  const llm::Checkpoint checkpoint = llm::Checkpoint::open(o.model);
+  const std::string tokenizer_path = (std::filesystem::path(o.model) / "tokenizer.json").string();
+  std::optional<Tokenizer> tokenizer;
+  if (std::filesystem::exists(tokenizer_path)) tokenizer = Tokenizer::from_file(tokenizer_path);
+  XMOE_CHECK(tokenizer || o.prompt_opt->count() == 0, "generate: ", tokenizer_path,
+             " is missing: give --prompt-ids instead of --prompt");
+  XMOE_CHECK(tokenizer || o.stop.empty(), "generate: --stop needs ", tokenizer_path);
+  const llm::ChatSetup setup =
+      llm::load_chat_setup(o.model, checkpoint.config(), tokenizer ? &*tokenizer : nullptr);
+
+  std::vector<int32_t> prompt;
+  if (o.chat) {
+    llm::ChatPromptOptions chat;
+    if (o.system_opt->count()) chat.system = o.system;
+    chat.user = o.prompt;
+    if (o.no_think) chat.enable_thinking = false;
+    prompt = tokenizer->encode(llm::render_chat_prompt(setup, chat), /*add_special_tokens=*/false);
+  } else if (o.prompt_opt->count()) {
+    prompt = tokenizer->encode(o.prompt, /*add_special_tokens=*/true);
+  } else {
+    prompt = parse_ids(o.prompt_ids);
+  }
+
+  llm::SamplingParams sampling;
+  llm::apply_generation_defaults(setup, sampling);
+  if (o.temperature_opt->count()) sampling.temperature = o.temperature;
+  if (o.top_k_opt->count()) sampling.top_k = o.top_k;
+  if (o.top_p_opt->count()) sampling.top_p = o.top_p;
+  if (o.min_p_opt->count()) sampling.min_p = o.min_p;
+  if (o.repetition_opt->count()) sampling.repetition_penalty = o.repetition_penalty;
+  sampling.presence_penalty = o.presence_penalty;
+  sampling.frequency_penalty = o.frequency_penalty;
+  sampling.validate();
+
+  llm::LoadOptions load;
+  load.dtype = parse_dtype(o.dtype);
+  load.isa = o.isa;
+  llm::ProgressBar bar("loading " + o.model);
+  load.progress = bar.callback();
+  const std::unique_ptr<llm::CausalLM> model = llm::load_model(checkpoint, load);
+  bar.finish();
+
+  llm::EngineOptions engine_options;
+  engine_options.kv_cache_bytes = static_cast<size_t>(o.kv_cache_mb) << 20;
+  engine_options.max_step_tokens = std::max<int64_t>(o.prefill_chunk, o.batch);
+  engine_options.max_running = o.batch;
+  engine_options.eos_token_ids = setup.eos_token_ids;
+  if (tokenizer) engine_options.text_stream = llm::tokenizer_text_stream(*tokenizer);
+  llm::Engine engine(*model, engine_options);
+
+  std::vector<llm::RequestId> ids;
+  for (int i = 0; i < o.batch; ++i) {
+    llm::GenerationRequest request;
+    request.prompt = prompt;
+    request.sampling = sampling;
+    if (o.seed_opt->count()) request.sampling.seed = o.seed + static_cast<uint64_t>(i);
+    request.max_tokens = o.max_tokens;
+    request.stop_strings = o.stop;
+    request.stop_token_ids = o.stop_ids;
+    request.ignore_eos = o.ignore_eos;
+    if (i == 0 && !o.no_stream) {
+      request.on_delta = [&tokenizer](const llm::StreamDelta& d) {
+        if (tokenizer) {
+          std::fwrite(d.text.data(), 1, d.text.size(), stdout);
+        } else {
+          for (int32_t t : d.token_ids) std::printf("%d ", t);
+        }
+        std::fflush(stdout);
+      };
+    }
+    ids.push_back(engine.submit(std::move(request)));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  engine.run_until_idle();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  std::vector<llm::GenerationResult> results;
+  for (llm::RequestId id : ids) results.push_back(engine.take_result(id));
+  const llm::GenerationResult& first = results.front();
+  if (o.no_stream) {
+    if (tokenizer) {
+      std::fwrite(first.text.data(), 1, first.text.size(), stdout);
+    } else {
+      for (int32_t t : first.token_ids) std::printf("%d ", t);
+    }
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+
+  const llm::EngineStats& st = engine.stats();
+  int64_t generated = 0;
+  for (const auto& r : results) generated += static_cast<int64_t>(r.token_ids.size());
+  std::fprintf(stderr, "model: %s (%s, %s, %d threads); prompt %zu tokens x %d sequences\n", o.model.c_str(),
+               checkpoint.config().architecture.c_str(), dtype_name(model->dtype()), omp_get_max_threads(),
+               prompt.size(), o.batch);
+  std::fprintf(stderr, "finish: %s after %zu tokens%s%s; %lld tokens generated in all in %.3f s\n",
+               llm::finish_reason_name(first.finish), first.token_ids.size(),
+               first.stop_string.empty() ? "" : " at stop string ", first.stop_string.c_str(),
+               static_cast<long long>(generated), wall);
+  if (o.print_ids) std::fprintf(stderr, "generated ids: %s\n", join_ids(first.token_ids).c_str());
+  std::fprintf(stderr, "prefill: %lld tokens in %.3f s = %.2f tokens/s\n",
+               static_cast<long long>(st.prefill_tokens), st.prefill_seconds,
+               per_second(static_cast<double>(st.prefill_tokens), st.prefill_seconds));
+  const double decode_rate = per_second(static_cast<double>(st.decode_tokens), st.decode_seconds);
+  if (o.batch > 1) {
+    std::fprintf(stderr,
+                 "decode: %lld tokens in %lld steps, %.3f s = %.2f tokens/s aggregate (%.2f tokens/s per "
+                 "sequence)\n",
+                 static_cast<long long>(st.decode_tokens), static_cast<long long>(st.decode_steps),
+                 st.decode_seconds, decode_rate, decode_rate / o.batch);
+  } else {
+    std::fprintf(stderr, "decode: %lld tokens in %.3f s = %.2f tokens/s\n",
+                 static_cast<long long>(st.decode_tokens), st.decode_seconds, decode_rate);
+  }
+  if (st.preemptions > 0)
+    std::fprintf(stderr, "kv cache: %lld preemptions (raise --kv-cache-mb)\n",
+                 static_cast<long long>(st.preemptions));
+  // A decode step reads the weights once for the whole batch; with batch > 1 the experts of different
+  // sequences add to that, so the figure is a lower bound there.
+  const double bytes_per_token = static_cast<double>(model->weight_bytes_per_token());
+  const double gbs =
+      per_second(bytes_per_token * static_cast<double>(st.decode_steps), st.decode_seconds) / 1e9;
+  std::fprintf(stderr, "weights read per decoded token: %.2f MB; decode weight bandwidth: %.2f GB/s%s",
+               bytes_per_token / 1e6, gbs, o.batch > 1 ? " (per step, lower bound)" : "");
+  if (o.measure_bandwidth) {
+    const double peak = kernels::measure_read_bandwidth_gbs();
+    std::fprintf(stderr, " = %.1f %% of the measured read bandwidth %.2f GB/s", 100.0 * gbs / peak, peak);
+  }
+  std::fprintf(stderr, "\n");
+  return 0;
+}
+
+}  // namespace xmoe::app

@@ -1,0 +1,310 @@
+#include "init_model_cmd.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <vector>
+
+#include "byte_level_tokenizer_writer.hpp"
+#include "cli_checks.hpp"
+#include "llm/model_config.hpp"
+#include "llm/progress_bar.hpp"
+#include "qwen3_moe_tensors.hpp"
+#include "safetensors_stream_writer.hpp"
+#include "util/random.hpp"
+#include "xmoe/dtype.hpp"
+#include "xmoe/error.hpp"
+
+namespace xmoe::app {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr double kInitializerRange = 0.02;  // transformers' Qwen3MoeConfig default
+constexpr int64_t kChunkElements = int64_t{1} << 22;
+
+enum class OutDType { bf16, f32 };
+
+size_t element_size(OutDType t) {
+  return t == OutDType::bf16 ? 2 : 4;
+}
+
+const char* torch_dtype_name(OutDType t) {
+  return t == OutDType::bf16 ? "bfloat16" : "float32";
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 0x100000001b3ull;
+  return h;
+}
+
+void store(OutDType dt, std::byte* out, int64_t i, float v) {
+  if (dt == OutDType::bf16) {
+    const uint16_t b = bf16::from_float(v);
+    std::memcpy(out + 2 * i, &b, 2);
+  } else {
+    std::memcpy(out + 4 * i, &v, 4);
+  }
+}
+
+// Elements [first, first + n) of `source`'s random stream: elements 2p and 2p + 1 are the two Box-Muller
+// outputs of pair p, a pure function of (seed, source, p), so the values are the same for any thread count
+// and any chunking. One 64-bit hash gives both 23-bit uniforms of a pair and the math is in float: the
+// benchmark checkpoint is 5.6e9 values, and this keeps writing it at disk speed on two cores.
+void fill_normal(uint64_t seed, const std::string& source, int64_t first, int64_t n, OutDType dt,
+                 std::byte* out) {
+  const uint64_t key = splitmix64(seed ^ splitmix64(fnv1a(source)));
+  const int64_t pair_begin = first / 2, pair_end = (first + n + 1) / 2;
+  constexpr float kTwoPi = 6.2831853f, kInv23 = 1.0f / 8388608.0f;
+  const float scale = static_cast<float>(kInitializerRange);
+  // Small runs (a fused tensor is one run per expert) are not worth waking the thread team for.
+#pragma omp parallel for schedule(static) if (pair_end - pair_begin > 32768)
+  for (int64_t p = pair_begin; p < pair_end; ++p) {
+    const uint64_t h = splitmix64(key + static_cast<uint64_t>(p));
+    // In (0, 1): never 0, so the log is finite.
+    const float u1 = (static_cast<float>(h >> 41) + 0.5f) * kInv23;
+    const float u2 = (static_cast<float>((h >> 9) & 0x7fffffu) + 0.5f) * kInv23;
+    const float r = scale * std::sqrt(-2.0f * std::log(u1));
+    const float angle = kTwoPi * u2;
+    const int64_t e0 = 2 * p - first, e1 = e0 + 1;
+    if (e0 >= 0 && e0 < n) store(dt, out, e0, r * std::cos(angle));
+    if (e1 >= 0 && e1 < n) store(dt, out, e1, r * std::sin(angle));
+  }
+}
+
+// Elements [first, first + n) of the planned tensor.
+void fill_tensor(uint64_t seed, const PlannedTensor& t, int64_t first, int64_t n, OutDType dt,
+                 std::byte* out) {
+  if (t.init != TensorInit::normal) {
+    const float v = t.init == TensorInit::ones ? 1.0f : 0.0f;
+    for (int64_t i = 0; i < n; ++i) store(dt, out, i, v);
+    return;
+  }
+  int64_t seg_start = 0;
+  for (const auto& seg : t.segments) {
+    const int64_t lo = std::max(first, seg_start), hi = std::min(first + n, seg_start + seg.count);
+    if (lo < hi)
+      fill_normal(seed, seg.source, lo - seg_start, hi - lo, dt, out + (lo - first) * element_size(dt));
+    seg_start += seg.count;
+  }
+}
+
+struct Shard {
+  std::string file;
+  std::vector<size_t> tensors;  // indices into the plan
+  size_t bytes = 0;
+};
+
+// Greedy, in plan order (a layer's tensors stay together); a tensor larger than the limit gets a shard alone.
+std::vector<Shard> assign_shards(const std::vector<PlannedTensor>& plan, OutDType dt, size_t limit) {
+  std::vector<Shard> shards;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const size_t bytes = static_cast<size_t>(plan[i].numel()) * element_size(dt);
+    if (shards.empty() || (!shards.back().tensors.empty() && shards.back().bytes + bytes > limit))
+      shards.emplace_back();
+    shards.back().tensors.push_back(i);
+    shards.back().bytes += bytes;
+  }
+  char name[64];
+  for (size_t s = 0; s < shards.size(); ++s) {
+    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    shards[s].file = shards.size() == 1 ? "model.safetensors" : name;
+  }
+  return shards;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  XMOE_CHECK(in.good(), path, ": cannot open: ", std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  XMOE_CHECK(out.good(), path, ": cannot create: ", std::strerror(errno));
+  out << text;
+  out.close();
+  XMOE_CHECK(out.good(), path, ": write failed");
+}
+
+void prepare_out_dir(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(dir, ec)) {
+    XMOE_CHECK(fs::is_directory(dir, ec), "init-model: --out ", dir, " exists and is not a directory");
+    XMOE_CHECK(fs::is_empty(dir, ec), "init-model: --out ", dir,
+               " is not empty (choose a new or empty directory; existing checkpoints are not overwritten)");
+    return;
+  }
+  fs::create_directories(dir, ec);
+  XMOE_CHECK(!ec, "init-model: cannot create --out ", dir, ": ", ec.message());
+}
+
+// config.json (the input's own text and key order, with the dtype and the tokenizer's ids filled in) and
+// generation_config.json.
+void write_config_files(const InitModelOptions& o, const llm::ModelConfig& config, OutDType dt,
+                        const std::optional<ByteLevelTokenizerIds>& ids) {
+  nlohmann::ordered_json cfg = nlohmann::ordered_json::parse(read_text(o.config));
+  if (!cfg.contains("architectures")) cfg["architectures"] = {config.architecture};
+  const char* torch_dtype = torch_dtype_name(dt);
+  cfg["torch_dtype"] = torch_dtype;
+  if (cfg.contains("dtype")) cfg["dtype"] = torch_dtype;  // transformers v5's name for it
+  if (ids) {
+    cfg["bos_token_id"] = ids->endoftext;
+    cfg["eos_token_id"] = ids->im_end;
+  }
+  write_text(o.out + "/config.json", cfg.dump(2) + "\n");
+
+  nlohmann::ordered_json gen;
+  if (ids) {
+    gen["bos_token_id"] = ids->endoftext;
+    gen["eos_token_id"] = {ids->im_end, ids->endoftext};
+    gen["pad_token_id"] = ids->endoftext;
+  }
+  // Qwen3's published sampling defaults.
+  gen["do_sample"] = true;
+  gen["temperature"] = 0.6;
+  gen["top_k"] = 20;
+  gen["top_p"] = 0.95;
+  write_text(o.out + "/generation_config.json", gen.dump(2) + "\n");
+}
+
+// Streams every planned tensor into its shard (and writes the index when there are several); returns the
+// bytes of weights written.
+size_t write_weights(const InitModelOptions& o, const std::vector<PlannedTensor>& plan,
+                     const std::vector<Shard>& shards, OutDType dt) {
+  size_t total = 0;
+  for (const auto& s : shards) total += s.bytes;
+  llm::ProgressBar progress("init-model " + o.out);
+  size_t done = 0;
+  // Two buffers: one is filled (all threads) while the other is written by a helper thread.
+  std::vector<std::byte> buffers[2];
+  for (auto& b : buffers) b.resize(static_cast<size_t>(kChunkElements) * element_size(dt));
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (const Shard& shard : shards) {
+    std::vector<StreamedTensor> specs;
+    for (size_t i : shard.tensors) {
+      const PlannedTensor& t = plan[i];
+      specs.push_back({t.name, dt == OutDType::bf16 ? "BF16" : "F32", t.shape,
+                       static_cast<size_t>(t.numel()) * element_size(dt)});
+      weight_map[t.name] = shard.file;
+    }
+    SafetensorsStreamWriter writer(o.out + "/" + shard.file, specs, {{"format", "pt"}});
+    std::future<void> pending;
+    int which = 0;
+    for (size_t i : shard.tensors) {
+      const PlannedTensor& t = plan[i];
+      for (int64_t first = 0; first < t.numel(); first += kChunkElements) {
+        const int64_t n = std::min(kChunkElements, t.numel() - first);
+        std::vector<std::byte>& buffer = buffers[which];
+        fill_tensor(o.seed, t, first, n, dt, buffer.data());
+        if (pending.valid()) pending.get();  // the other buffer is free again; rethrows a write error
+        const size_t nbytes = static_cast<size_t>(n) * element_size(dt);
+        pending = std::async(std::launch::async, [&writer, &buffer, nbytes] {
+          writer.write({buffer.data(), nbytes});
+        });
+        which ^= 1;
+        done += nbytes;
+        progress.update(done, total);
+      }
+    }
+    if (pending.valid()) pending.get();
+    writer.finish();
+  }
+  progress.finish();
+  if (shards.size() > 1) {
+    nlohmann::json index;
+    index["metadata"] = {{"total_size", total}};
+    index["weight_map"] = weight_map;
+    write_text(o.out + "/model.safetensors.index.json", index.dump(2) + "\n");
+  }
+  return total;
+}
+
+}  // namespace
+
+CLI::App* add_init_model_subcommand(CLI::App& app, InitModelOptions& o) {
+  CLI::App* cmd = app.add_subcommand(
+      "init-model",
+      "Write a random-weight Hugging Face checkpoint (weights, config, tokenizer) for a config.json");
+  cmd->add_option("--config", o.config, "config.json of a supported architecture (Qwen3MoeForCausalLM)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--out", o.out, "output directory (created; must be empty if it exists)")->required();
+  cmd->add_option("--dtype", o.dtype, "weight dtype: bf16 | f32")
+      ->check(CLI::IsMember({"bf16", "f32"}))
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "random seed (same seed, same weights)")
+      ->check(non_negative_integer())
+      ->capture_default_str();
+  cmd->add_option("--expert-layout", o.expert_layout,
+                  "per-expert (mlp.experts.{j}.*_proj.weight) | fused (experts.gate_up_proj / down_proj)")
+      ->check(CLI::IsMember({"per-expert", "fused"}))
+      ->capture_default_str();
+  cmd->add_option("--shard-size-mb", o.shard_size_mb, "largest safetensors shard in MiB")
+      ->check(positive_integer())
+      ->capture_default_str();
+  return cmd;
+}
+
+int run_init_model(const InitModelOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const llm::ModelConfig config = llm::parse_model_config(o.config);
+  const OutDType dt = o.dtype == "f32" ? OutDType::f32 : OutDType::bf16;
+  const ExpertLayout layout = o.expert_layout == "fused" ? ExpertLayout::fused : ExpertLayout::per_expert;
+  const std::vector<PlannedTensor> plan = qwen3_moe_tensors(config, layout);
+  // The config's sizes are each in range, but their products can still be absurd: check before writing.
+  constexpr uint64_t kMaxTotalBytes = uint64_t{1} << 50;
+  uint64_t total_bytes = 0;
+  for (const auto& t : plan) {
+    uint64_t n = element_size(dt);
+    for (int64_t d : t.shape)
+      XMOE_CHECK(!__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n) && n <= kMaxTotalBytes,
+                 "init-model: ", o.config, ": tensor '", t.name, "' would be too large");
+    total_bytes += n;
+    XMOE_CHECK(total_bytes <= kMaxTotalBytes, "init-model: ", o.config, ": the model would be too large");
+  }
+  XMOE_CHECK(o.shard_size_mb <= (int64_t{1} << 30), "init-model: --shard-size-mb ", o.shard_size_mb,
+             " is too large");
+  const std::vector<Shard> shards =
+      assign_shards(plan, dt, static_cast<size_t>(o.shard_size_mb) * (size_t{1} << 20));
+  prepare_out_dir(o.out);
+  std::error_code ec;
+  const fs::space_info space = fs::space(o.out, ec);
+  XMOE_CHECK(ec || space.available >= total_bytes, "init-model: the checkpoint needs ",
+             static_cast<double>(total_bytes) / 1e9, " GB but ", o.out, " has only ",
+             static_cast<double>(space.available) / 1e9, " GB free");
+
+  // Tokenizer first: config.json and generation_config.json name its special-token ids.
+  std::optional<ByteLevelTokenizerIds> ids;
+  if (config.vocab_size >= kMinByteLevelVocab)
+    ids = write_byte_level_tokenizer(o.out, config.vocab_size);
+  else
+    std::fprintf(stderr, "init-model: vocab_size %lld < %lld: no tokenizer written (use --prompt-ids)\n",
+                 static_cast<long long>(config.vocab_size), static_cast<long long>(kMinByteLevelVocab));
+
+  write_config_files(o, config, dt, ids);
+  const size_t total = write_weights(o, plan, shards, dt);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("wrote %s: %s, %zu tensors (%s experts), %.3f GB of %s in %zu file(s)%s, %.1f s (%d threads)\n",
+              o.out.c_str(), config.architecture.c_str(), plan.size(), o.expert_layout.c_str(),
+              static_cast<double>(total) / 1e9, torch_dtype_name(dt), shards.size(),
+              ids ? " + tokenizer" : "", secs, omp_get_max_threads());
+  return 0;
+}
+
+}  // namespace xmoe::app

@@ -1,0 +1,115 @@
+// AVX-512 linear kernels: register tiles of MR x rows × NR weight rows, each output a 16-lane FMA chain over
+// k followed by one fixed horizontal reduction (see linear_kernels.hpp for why the order never varies).
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "llm/layers/linear_kernels.hpp"
+
+namespace xmoe::llm::linear_avx512 {
+namespace {
+
+inline __m512 load_w(const float* p, __mmask16 m) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
+inline __m512 load_w(const bf16* p, __mmask16 m) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  // maskz forms: the unmasked intrinsics start from an undefined register, which GCC 12 warns about here.
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16));
+}
+
+// reduce_lanes (linear_lanes.hpp) in registers: halves (l + 8), quarters (l + 4), pairs (l + 2), neighbours.
+// maskz forms again keep GCC 12 from warning about undefined source registers.
+inline float reduce16(__m512 v) {
+  const __m256 s8 =
+      _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, v, 0), _mm512_maskz_extractf32x8_ps(0xff, v, 1));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+
+template <int MR, int NR, class W>
+void tile(const float* x, int64_t ldx, const W* w, int64_t k, float* y, int64_t ldy) {
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < k; p += 16) {
+    const __mmask16 mask = k - p >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - p)) - 1);
+    __m512 wv[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) wv[j] = load_w(w + j * k + p, mask);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + p);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
+}
+
+// Columns [n0, n1) for MR rows: NR weight rows at a time, then one at a time for the tail.
+template <int MR, int NR, class W>
+void rows_block(const float* x, int64_t ldx, const W* w, int64_t k, int64_t n0, int64_t n1, float* y,
+                int64_t ldy) {
+  int64_t j = n0;
+  for (; j + NR <= n1; j += NR) tile<MR, NR>(x, ldx, w + j * k, k, y + j, ldy);
+  for (; j < n1; ++j) tile<MR, 1>(x, ldx, w + j * k, k, y + j, ldy);
+}
+
+// Rows [i0, m) (fewer than 4) of one group of NR columns.
+template <int NR, class W>
+void row_tail(const float* x, int64_t ldx, const W* w, int64_t k, int64_t i0, int64_t m, float* y,
+              int64_t ldy) {
+  switch (m - i0) {
+    case 3:
+      return tile<3, NR>(x + i0 * ldx, ldx, w, k, y + i0 * ldy, ldy);
+    case 2:
+      return tile<2, NR>(x + i0 * ldx, ldx, w, k, y + i0 * ldy, ldy);
+    case 1:
+      return tile<1, NR>(x + i0 * ldx, ldx, w, k, y + i0 * ldy, ldy);
+    default:
+      return;
+  }
+}
+
+template <class W>
+void linear(const float* x, int64_t m, int64_t ldx, const W* w, int64_t k, int64_t n0, int64_t n1, float* y,
+            int64_t ldy) {
+  if (m < 4) {
+    // Decode: the x rows stay in L1; each weight row streams once.
+    if (m == 3) rows_block<3, 4>(x, ldx, w, k, n0, n1, y, ldy);
+    if (m == 2) rows_block<2, 8>(x, ldx, w, k, n0, n1, y, ldy);
+    if (m == 1) rows_block<1, 8>(x, ldx, w, k, n0, n1, y, ldy);
+    return;
+  }
+  // Many rows: four weight rows stay in L1 while every block of four x rows passes over them (from L2).
+  int64_t j = n0;
+  for (; j + 4 <= n1; j += 4) {
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) tile<4, 4>(x + i * ldx, ldx, w + j * k, k, y + i * ldy + j, ldy);
+    row_tail<4>(x, ldx, w + j * k, k, i, m, y + j, ldy);
+  }
+  for (; j < n1; ++j) {
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) tile<4, 1>(x + i * ldx, ldx, w + j * k, k, y + i * ldy + j, ldy);
+    row_tail<1>(x, ldx, w + j * k, k, i, m, y + j, ldy);
+  }
+}
+
+}  // namespace
+
+void f32(const float* x, int64_t m, int64_t ldx, const float* w, int64_t k, int64_t n0, int64_t n1, float* y,
+         int64_t ldy) {
+  linear(x, m, ldx, w, k, n0, n1, y, ldy);
+}
+void bf16w(const float* x, int64_t m, int64_t ldx, const bf16* w, int64_t k, int64_t n0, int64_t n1, float* y,
+           int64_t ldy) {
+  linear(x, m, ldx, w, k, n0, n1, y, ldy);
+}
+
+}  // namespace xmoe::llm::linear_avx512

@@ -1,0 +1,172 @@
+#include "llm/sampler.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "util/random.hpp"
+#include "xmoe/error.hpp"
+
+namespace xmoe::llm {
+
+void SamplingParams::validate() const {
+  XMOE_CHECK(std::isfinite(temperature) && temperature >= 0.0, "sampling: temperature must be >= 0, got ",
+             temperature);
+  XMOE_CHECK(top_k >= 0, "sampling: top_k must be >= 0 (0 = off), got ", top_k);
+  XMOE_CHECK(top_p > 0.0 && top_p <= 1.0, "sampling: top_p must be in (0, 1], got ", top_p);
+  XMOE_CHECK(min_p >= 0.0 && min_p <= 1.0, "sampling: min_p must be in [0, 1], got ", min_p);
+  XMOE_CHECK(std::isfinite(repetition_penalty) && repetition_penalty > 0.0,
+             "sampling: repetition_penalty must be > 0, got ", repetition_penalty);
+  XMOE_CHECK(std::isfinite(presence_penalty), "sampling: presence_penalty must be finite");
+  XMOE_CHECK(std::isfinite(frequency_penalty), "sampling: frequency_penalty must be finite");
+}
+
+void PenaltyState::add_prompt(std::span<const int32_t> tokens) {
+  seen_.insert(tokens.begin(), tokens.end());
+}
+
+void PenaltyState::add_generated(int32_t token) {
+  seen_.insert(token);
+  ++generated_counts_[token];
+}
+
+void PenaltyState::apply(const SamplingParams& params, std::span<float> logits) const {
+  const auto vocab = static_cast<int64_t>(logits.size());
+  if (params.repetition_penalty != 1.0) {
+    const auto penalty = static_cast<float>(params.repetition_penalty);
+    for (int32_t t : seen_) {
+      if (t < 0 || t >= vocab) continue;  // a prompt id past the model's vocabulary has no logit to change
+      float& l = logits[t];
+      l = l > 0 ? l / penalty : l * penalty;
+    }
+  }
+  if (params.frequency_penalty != 0.0 || params.presence_penalty != 0.0) {
+    for (const auto& [t, count] : generated_counts_) {
+      if (t < 0 || t >= vocab) continue;
+      logits[t] -= static_cast<float>(params.frequency_penalty * count + params.presence_penalty);
+    }
+  }
+}
+
+int32_t argmax_token(std::span<const float> logits) {
+  XMOE_CHECK(!logits.empty(), "sampler: empty logits row");
+  int32_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
+  return best;
+}
+
+namespace {
+
+struct Candidate {
+  double logit;
+  int32_t token;
+};
+
+// Most probable first; equal logits by id so the order depends on the logits alone.
+bool before(const Candidate& a, const Candidate& b) {
+  return a.logit > b.logit || (a.logit == b.logit && a.token < b.token);
+}
+
+// Keeps the candidates whose probability mass ranked above them is < top_p (HF: ascending cumulative
+// probability <= 1 - top_p is dropped). Instead of sorting the whole vocabulary, candidates go into buckets
+// by logit distance from the largest: buckets whose cumulative mass stays below top_p are kept whole, later
+// ones dropped whole, and only the bucket where the mass crosses top_p is sorted and walked token by token.
+// The plain version (one full sort) is the reference in tests/llm/test_sampler.cpp.
+void apply_top_p(std::vector<Candidate>& cands, double top_p, double max_logit) {
+  constexpr int kBuckets = 2048;
+  constexpr double kBucketsPerUnit = kBuckets / 32.0;  // logits further than 32 below the top share the last
+  std::vector<double> mass(kBuckets, 0.0);
+  std::vector<uint16_t> bucket_of(cands.size());
+  double total = 0;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const double distance = max_logit - cands[i].logit;
+    const double b = std::min(distance * kBucketsPerUnit, static_cast<double>(kBuckets - 1));
+    bucket_of[i] = static_cast<uint16_t>(b);
+    const double p = std::exp(-distance);
+    mass[bucket_of[i]] += p;
+    total += p;
+  }
+  int crossing = 0;
+  double mass_before = 0;  // of the buckets before `crossing`
+  for (; crossing < kBuckets; ++crossing) {
+    if ((mass_before + mass[crossing]) / total >= top_p) break;
+    mass_before += mass[crossing];
+  }
+  if (crossing == kBuckets) return;  // rounding left the whole mass below top_p: keep everything
+  std::vector<Candidate> kept, boundary;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    if (bucket_of[i] < crossing) kept.push_back(cands[i]);
+    if (bucket_of[i] == crossing) boundary.push_back(cands[i]);
+  }
+  std::sort(boundary.begin(), boundary.end(), before);
+  double cumulative = mass_before / total;
+  for (const Candidate& c : boundary) {
+    if (cumulative >= top_p) break;
+    kept.push_back(c);
+    cumulative += std::exp(c.logit - max_logit) / total;
+  }
+  cands = std::move(kept);
+}
+
+}  // namespace
+
+TokenDistribution filtered_distribution(std::span<const float> logits, const SamplingParams& params) {
+  XMOE_CHECK(params.temperature > 0.0, "sampler: filtered_distribution needs temperature > 0");
+  std::vector<Candidate> cands;
+  cands.reserve(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) {
+    XMOE_CHECK(!std::isnan(logits[i]) && logits[i] != INFINITY, "sampler: logit of token ", i, " is ",
+               logits[i]);
+    if (logits[i] != -INFINITY)
+      cands.push_back({static_cast<double>(logits[i]) / params.temperature, static_cast<int32_t>(i)});
+  }
+  XMOE_CHECK(!cands.empty(), "sampler: every logit is -inf");
+
+  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < cands.size()) {
+    std::nth_element(cands.begin(), cands.begin() + (params.top_k - 1), cands.end(), before);
+    const double kth = cands[static_cast<size_t>(params.top_k - 1)].logit;
+    std::erase_if(cands, [kth](const Candidate& c) { return c.logit < kth; });  // ties with the k-th stay
+  }
+  double max_logit = -INFINITY;
+  for (const Candidate& c : cands) max_logit = std::max(max_logit, c.logit);
+  if (params.top_p < 1.0) apply_top_p(cands, params.top_p, max_logit);
+  if (params.min_p > 0.0) {
+    // p / p_max = exp(l - l_max): the threshold needs no normalisation.
+    std::erase_if(cands, [&](const Candidate& c) { return std::exp(c.logit - max_logit) < params.min_p; });
+  }
+
+  TokenDistribution dist;
+  dist.tokens.reserve(cands.size());
+  dist.probs.reserve(cands.size());
+  double total = 0;
+  for (const Candidate& c : cands) {
+    dist.tokens.push_back(c.token);
+    dist.probs.push_back(std::exp(c.logit - max_logit));
+    total += dist.probs.back();
+  }
+  for (double& p : dist.probs) p /= total;
+  return dist;
+}
+
+int32_t draw_token(const TokenDistribution& dist, double u) {
+  XMOE_CHECK(!dist.tokens.empty(), "sampler: empty distribution");
+  double cumulative = 0;
+  for (size_t i = 0; i < dist.tokens.size(); ++i) {
+    cumulative += dist.probs[i];
+    if (u < cumulative) return dist.tokens[i];
+  }
+  return dist.tokens.back();  // u above the rounded total
+}
+
+Sampler::Sampler(const SamplingParams& params, uint64_t seed) : params_(params), seed_(seed) {
+  params_.validate();
+}
+
+int32_t Sampler::sample(std::span<float> logits, const PenaltyState& penalties, uint64_t index) const {
+  penalties.apply(params_, logits);
+  if (params_.greedy()) return argmax_token(logits);
+  const TokenDistribution dist = filtered_distribution(logits, params_);
+  return draw_token(dist, CounterRng(seed_).uniform(index));
+}
+
+}  // namespace xmoe::llm

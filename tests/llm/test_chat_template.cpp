@@ -1,0 +1,282 @@
+// Chat templates: xmoe's Jinja subset against Python jinja2 set up as transformers does (fixtures made by
+// tools/make_template_fixtures.py), plus the error behaviour the fixtures cannot show.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "xmoe/chat_template.hpp"
+#include "xmoe/error.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path fixture_dir() {
+  return fs::path(XMOE_TEST_DATA_DIR) / "chat_templates";
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in) << "cannot open " << path;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The instant the fixture generator pins strftime_now to (2026-03-07 09:05:04).
+std::tm fixed_now() {
+  std::tm tm{};
+  tm.tm_year = 2026 - 1900;
+  tm.tm_mon = 2;
+  tm.tm_mday = 7;
+  tm.tm_hour = 9;
+  tm.tm_min = 5;
+  tm.tm_sec = 4;
+  tm.tm_wday = 6;
+  tm.tm_yday = 65;
+  return tm;
+}
+
+std::vector<fs::path> fixture_files() {
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(fixture_dir()))
+    if (entry.path().extension() == ".json" && entry.path().stem() != "constructs")
+      files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+class TemplateFixture : public ::testing::TestWithParam<fs::path> {};
+
+TEST_P(TemplateFixture, MatchesPythonJinja2ByteForByte) {
+  const auto fixture = nlohmann::ordered_json::parse(read_file(GetParam()));
+  const std::string template_file = fixture.at("template").get<std::string>();
+  const auto tmpl = xmoe::ChatTemplate::parse(read_file(fixture_dir() / template_file), template_file);
+  int rendered = 0, raised = 0;
+  for (const auto& c : fixture.at("cases")) {
+    const std::string name = c.at("name").get<std::string>();
+    SCOPED_TRACE(template_file + " / " + name);
+    if (c.contains("expected")) {
+      std::string got;
+      ASSERT_NO_THROW(got = tmpl.render_ordered(c.at("context"), fixed_now()));
+      EXPECT_EQ(got, c.at("expected").get<std::string>());
+      ++rendered;
+    } else {
+      const std::string message = c.at("error").at("message").get<std::string>();
+      try {
+        tmpl.render_ordered(c.at("context"), fixed_now());
+        ADD_FAILURE() << "expected an error: " << message;
+      } catch (const xmoe::Error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(message), std::string::npos) << "got: " << what << "\nwant: " << message;
+        EXPECT_NE(what.find(template_file), std::string::npos) << what;
+        EXPECT_NE(what.find(", line "), std::string::npos) << what;
+      }
+      ++raised;
+    }
+  }
+  EXPECT_GT(rendered, 0);
+  RecordProperty("rendered", rendered);
+  RecordProperty("raised", raised);
+}
+
+INSTANTIATE_TEST_SUITE_P(RealTemplates, TemplateFixture, ::testing::ValuesIn(fixture_files()),
+                         [](const auto& info) {
+                           std::string n = info.param.stem().string();
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
+
+// One small template per construct (whitespace control, Python printing, scoping, filters, tests, errors).
+TEST(ChatTemplateConstructs, MatchPythonJinja2ByteForByte) {
+  const auto fixture = nlohmann::ordered_json::parse(read_file(fixture_dir() / "constructs.json"));
+  int checked = 0;
+  for (const auto& c : fixture.at("cases")) {
+    const std::string name = c.at("name").get<std::string>();
+    SCOPED_TRACE(name);
+    const std::string source = c.at("template").get<std::string>();
+    std::optional<xmoe::ChatTemplate> tmpl;
+    ASSERT_NO_THROW(tmpl.emplace(xmoe::ChatTemplate::parse(source, name)));
+    if (c.contains("expected")) {
+      std::string got;
+      ASSERT_NO_THROW(got = tmpl->render_ordered(c.at("context"), fixed_now()));
+      EXPECT_EQ(got, c.at("expected").get<std::string>());
+    } else {
+      const std::string message = c.at("error").at("message").get<std::string>();
+      try {
+        tmpl->render_ordered(c.at("context"), fixed_now());
+        ADD_FAILURE() << "expected an error: " << message;
+      } catch (const xmoe::Error& e) {
+        EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << "got: " << e.what();
+      }
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 30);
+}
+
+TEST(ChatTemplateFixtures, CoverAllThirteenTemplates) {
+  EXPECT_EQ(fixture_files().size(), 13u);
+}
+
+std::string render(const std::string& source,
+                   const nlohmann::ordered_json& context = nlohmann::ordered_json::object()) {
+  return xmoe::ChatTemplate::parse(source, "inline").render_ordered(context);
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const xmoe::Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(ChatTemplateErrors, UnsupportedTagNamesTemplateLineAndConstruct) {
+  const std::string what =
+      error_of([] { xmoe::ChatTemplate::parse("a\nb\n  {% include 'x.j2' %}", "t.jinja"); });
+  EXPECT_NE(what.find("t.jinja"), std::string::npos) << what;
+  EXPECT_NE(what.find("line 3"), std::string::npos) << what;
+  EXPECT_NE(what.find("column 6"), std::string::npos) << what;
+  EXPECT_NE(what.find("include"), std::string::npos) << what;
+  const std::string unknown = error_of([] { xmoe::ChatTemplate::parse("{% frobnicate %}", "u"); });
+  EXPECT_NE(unknown.find("unknown tag 'frobnicate'"), std::string::npos) << unknown;
+  const std::string unclosed = error_of([] { xmoe::ChatTemplate::parse("{% if x %}\nyes\n", "v"); });
+  EXPECT_NE(unclosed.find("endif"), std::string::npos) << unclosed;
+  const std::string bad_expr = error_of([] { xmoe::ChatTemplate::parse("\n{{ a + }}", "w"); });
+  EXPECT_NE(bad_expr.find("line 2"), std::string::npos) << bad_expr;
+  EXPECT_NE(
+      error_of([] { xmoe::ChatTemplate::parse("{# never closed", "c"); }).find("Missing end of comment"),
+      std::string::npos);
+  EXPECT_NE(error_of([] {
+              xmoe::ChatTemplate::parse("{% for x in y recursive %}{% endfor %}", "r");
+            }).find("recursive"),
+            std::string::npos);
+}
+
+TEST(ChatTemplateErrors, RaiseExceptionMessagePropagatesWithLine) {
+  const std::string what =
+      error_of([] { render("ok\n{% if true %}{{ raise_exception('bad role: ' ~ 7) }}{% endif %}"); });
+  EXPECT_NE(what.find("bad role: 7"), std::string::npos) << what;
+  EXPECT_NE(what.find("line 2"), std::string::npos) << what;
+  EXPECT_NE(what.find("'inline'"), std::string::npos) << what;
+}
+
+TEST(ChatTemplateErrors, UndefinedBehavesLikeJinja2) {
+  // Printing, testing, iterating and filtering an undefined name is fine and yields nothing.
+  EXPECT_EQ(render("[{{ nope }}|{{ nope is defined }}|{{ nope | length }}|{% for x in nope %}x{% endfor %}|"
+                   "{{ nope | default('d') }}|{{ {'a': 1}.b }}]"),
+            "[|False|0||d|]");
+  // Using it further raises UndefinedError with jinja2's message.
+  EXPECT_NE(error_of([] { render("{{ nope.attr }}"); }).find("'nope' is undefined"), std::string::npos);
+  EXPECT_NE(error_of([] { render("{{ nope + 1 }}"); }).find("UndefinedError"), std::string::npos);
+  EXPECT_NE(error_of([] {
+              render("{{ x.y.z }}", {{"x", {{"a", 1}}}});
+            }).find("'dict object' has no attribute 'y'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              render("{{ x[3].a }}", {{"x", {1}}});
+            }).find("list object has no element 3"),
+            std::string::npos);
+}
+
+TEST(ChatTemplateErrors, SandboxRefusesMutation) {
+  const std::string what = error_of([] { render("{% set l = [1] %}{% set _ = l.append(2) %}"); });
+  EXPECT_NE(what.find("access to attribute 'append' of 'list' object is unsafe."), std::string::npos) << what;
+  EXPECT_NE(error_of([] { render("{{ ''.__class__() }}"); }).find("unsafe"), std::string::npos);
+  EXPECT_NE(error_of([] { render("{% set ns = namespace(_x=1) %}"); }).find("underscore"), std::string::npos);
+}
+
+TEST(ChatTemplateErrors, BadContextIsAnErrorNotACrash) {
+  const auto tmpl = xmoe::ChatTemplate::parse("{{ messages }}", "ctx");
+  EXPECT_THROW(tmpl.render(nlohmann::json::array()), xmoe::Error);
+  EXPECT_THROW(tmpl.render(nlohmann::json{{"messages", "\xff\xfe"}}), xmoe::Error);
+  EXPECT_THROW(render("{{ s | length }}", {{"s", "bad \xc3"}}), xmoe::Error);
+  EXPECT_THROW(render("{{ s }}", {{"s", "\xed\xa0\x80"}}), xmoe::Error);  // a UTF-8-encoded surrogate
+  EXPECT_THROW(xmoe::ChatTemplate::parse("ok \xc0\xaf", "overlong"), xmoe::Error);
+  EXPECT_EQ(render("{{ s | length }}", {{"s", "\xf0\x9f\x98\x80\xc3\xa9"}}), "2");
+  EXPECT_THROW(render("{{ 1 / 0 }}"), xmoe::Error);
+  EXPECT_THROW(render("{{ 'a' + 1 }}"), xmoe::Error);
+  EXPECT_THROW(render("{{ range(1000000) | length }}"), xmoe::Error);
+  // Python's integers are unbounded; ours stop at 64 bits with an error rather than wrapping.
+  EXPECT_THROW(render("{{ 2 ** 100 }}"), xmoe::Error);
+  EXPECT_THROW(render("{{ 9223372036854775807 + 1 }}"), xmoe::Error);
+  EXPECT_EQ(render("{{ 2 ** 62 }} {{ -9223372036854775807 - 1 }}"),
+            "4611686018427387904 -9223372036854775808");
+  EXPECT_THROW(render("{{ 'ab' * 1000000000 }}"), xmoe::Error);
+  EXPECT_THROW(render("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}"), xmoe::Error);
+}
+
+TEST(ChatTemplate, SortedJsonOverloadRenders) {
+  const auto tmpl = xmoe::ChatTemplate::parse("{{ d | tojson }}", "sorted");
+  EXPECT_EQ(tmpl.render(nlohmann::json{{"d", {{"b", 1}, {"a", 2}}}}), "{\"a\": 2, \"b\": 1}");
+  EXPECT_EQ(tmpl.name(), "sorted");
+}
+
+// Damaged templates (every prefix at a stride, and random byte edits) either render or fail with xmoe::Error:
+// nothing else escapes, nothing crashes.
+TEST(ChatTemplateRobustness, DamagedTemplatesFailCleanly) {
+  const auto context = nlohmann::ordered_json::parse(R"({"messages": [{"role": "system", "content": "s"},
+      {"role": "user", "content": "u"}, {"role": "assistant", "content": "a", "reasoning_content": "r"}],
+      "tools": null, "add_generation_prompt": true, "bos_token": "<s>"})");
+  std::mt19937 rng(1234);
+  const std::string alphabet = "{}%#-+()[]|.,:'\"~= \nabcdefghijklmnopqrstuvwxyz0123456789";
+  int parsed = 0, rejected = 0;
+  for (const auto& file : fixture_files()) {
+    const std::string source = read_file(fixture_dir() / (file.stem().string() + ".jinja"));
+    std::vector<std::string> variants;
+    for (size_t cut = 0; cut < source.size(); cut += 41) variants.push_back(source.substr(0, cut));
+    for (int k = 0; k < 150; ++k) {
+      std::string damaged = source;
+      for (int edits = 0; edits < 3; ++edits)
+        damaged[rng() % damaged.size()] = alphabet[rng() % alphabet.size()];
+      variants.push_back(std::move(damaged));
+    }
+    for (const auto& text : variants) {
+      try {
+        const auto tmpl = xmoe::ChatTemplate::parse(text, "damaged");
+        ++parsed;
+        (void)tmpl.render_ordered(context, fixed_now());
+      } catch (const xmoe::Error&) {
+        ++rejected;
+      }
+    }
+  }
+  EXPECT_GT(parsed, 100);
+  EXPECT_GT(rejected, 100);
+}
+
+TEST(ChatTemplateRobustness, DeepNestingIsAnError) {
+  EXPECT_THROW(xmoe::ChatTemplate::parse(
+                   "{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}", "deep"),
+               xmoe::Error);
+  EXPECT_THROW(xmoe::ChatTemplate::parse("{{ " + std::string(5000, '-') + "1 }}", "neg"), xmoe::Error);
+  std::string nested_ifs;
+  for (int i = 0; i < 3000; ++i) nested_ifs += "{% if x %}";
+  EXPECT_THROW(xmoe::ChatTemplate::parse(nested_ifs, "ifs"), xmoe::Error);
+  // A namespace made to contain itself: printing it must stop with an error.
+  EXPECT_THROW(render("{% set ns = namespace(a=[]) %}{% set ns.a = [ns] %}{{ ns }}"), xmoe::Error);
+  // A list nested by a loop past the limit.
+  EXPECT_THROW(
+      render("{% set ns = namespace(a=[]) %}{% for i in range(1000) %}{% set ns.a = [ns.a] %}{% endfor %}"),
+      xmoe::Error);
+  nlohmann::ordered_json deep = 1;
+  for (int i = 0; i < 600; ++i) deep = nlohmann::ordered_json::array({deep});
+  const auto tmpl = xmoe::ChatTemplate::parse("{{ x }}", "ctx");
+  EXPECT_THROW(tmpl.render_ordered({{"x", deep}}), xmoe::Error);
+}
+
+}  // namespace
