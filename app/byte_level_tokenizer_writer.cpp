@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "qwen3_chat_template.hpp"
+#include "util/text_file.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::app {
@@ -138,14 +139,6 @@ std::string quoted(const std::string& s) {
   return json(s).dump();
 }
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  XMOE_CHECK(out.good(), path, ": cannot create: ", std::strerror(errno));
-  out << text;
-  out.close();
-  XMOE_CHECK(out.good(), path, ": write failed");
-}
-
 json added_token_json(int64_t id, const SpecialToken& t) {
   json j;
   j["id"] = id;
@@ -204,7 +197,7 @@ ByteLevelTokenizerIds write_byte_level_tokenizer(const std::string& dir, int64_t
   for (size_t i = 0; i < bpe.merges.size(); ++i)
     text += (i ? ",\n   " : "\n   ") + quoted(bpe.merges[i].first + " " + bpe.merges[i].second);
   text += "\n  ]\n }\n}\n";
-  write_text(dir + "/tokenizer.json", text);
+  write_text_file(dir + "/tokenizer.json", text);
 
   json config;
   config["add_bos_token"] = false;
@@ -227,7 +220,7 @@ ByteLevelTokenizerIds write_byte_level_tokenizer(const std::string& dir, int64_t
   config["split_special_tokens"] = false;
   config["tokenizer_class"] = "Qwen2Tokenizer";
   config["unk_token"] = nullptr;
-  write_text(dir + "/tokenizer_config.json", config.dump(2) + "\n");
+  write_text_file(dir + "/tokenizer_config.json", config.dump(2) + "\n");
 
   ByteLevelTokenizerIds ids;
   ids.endoftext = static_cast<int32_t>(first_special);

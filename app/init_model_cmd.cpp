@@ -23,6 +23,7 @@
 #include "qwen3_moe_tensors.hpp"
 #include "safetensors_stream_writer.hpp"
 #include "util/random.hpp"
+#include "util/text_file.hpp"
 #include "xmoe/dtype.hpp"
 #include "xmoe/error.hpp"
 
@@ -126,22 +127,6 @@ std::vector<Shard> assign_shards(const std::vector<PlannedTensor>& plan, OutDTyp
   return shards;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  XMOE_CHECK(in.good(), path, ": cannot open: ", std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  XMOE_CHECK(out.good(), path, ": cannot create: ", std::strerror(errno));
-  out << text;
-  out.close();
-  XMOE_CHECK(out.good(), path, ": write failed");
-}
-
 void prepare_out_dir(const std::string& dir) {
   std::error_code ec;
   if (fs::exists(dir, ec)) {
@@ -158,7 +143,7 @@ void prepare_out_dir(const std::string& dir) {
 // generation_config.json.
 void write_config_files(const InitModelOptions& o, const llm::ModelConfig& config, OutDType dt,
                         const std::optional<ByteLevelTokenizerIds>& ids) {
-  nlohmann::ordered_json cfg = nlohmann::ordered_json::parse(read_text(o.config));
+  nlohmann::ordered_json cfg = nlohmann::ordered_json::parse(read_text_file(o.config));
   if (!cfg.contains("architectures")) cfg["architectures"] = {config.architecture};
   const char* torch_dtype = torch_dtype_name(dt);
   cfg["torch_dtype"] = torch_dtype;
@@ -167,7 +152,7 @@ void write_config_files(const InitModelOptions& o, const llm::ModelConfig& confi
     cfg["bos_token_id"] = ids->endoftext;
     cfg["eos_token_id"] = ids->im_end;
   }
-  write_text(o.out + "/config.json", cfg.dump(2) + "\n");
+  write_text_file(o.out + "/config.json", cfg.dump(2) + "\n");
 
   nlohmann::ordered_json gen;
   if (ids) {
@@ -180,7 +165,7 @@ void write_config_files(const InitModelOptions& o, const llm::ModelConfig& confi
   gen["temperature"] = 0.6;
   gen["top_k"] = 20;
   gen["top_p"] = 0.95;
-  write_text(o.out + "/generation_config.json", gen.dump(2) + "\n");
+  write_text_file(o.out + "/generation_config.json", gen.dump(2) + "\n");
 }
 
 // Streams every planned tensor into its shard (and writes the index when there are several); returns the
@@ -230,7 +215,7 @@ size_t write_weights(const InitModelOptions& o, const std::vector<PlannedTensor>
     nlohmann::json index;
     index["metadata"] = {{"total_size", total}};
     index["weight_map"] = weight_map;
-    write_text(o.out + "/model.safetensors.index.json", index.dump(2) + "\n");
+    write_text_file(o.out + "/model.safetensors.index.json", index.dump(2) + "\n");
   }
   return total;
 }

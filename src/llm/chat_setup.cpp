@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "util/text_file.hpp"
 #include "xmoe/chat_template.hpp"
 #include "xmoe/error.hpp"
 
@@ -15,11 +16,7 @@ namespace {
 
 std::optional<std::string> read_optional_file(const std::filesystem::path& path) {
   if (!std::filesystem::exists(path)) return std::nullopt;
-  std::ifstream in(path, std::ios::binary);
-  XMOE_CHECK(in.good(), path.string(), ": cannot open");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  return read_text_file(path.string());
 }
 
 std::optional<nlohmann::json> read_optional_json(const std::filesystem::path& path) {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "util/text_file.hpp"
 #include "xmoe/dtype.hpp"
 #include "xmoe/error.hpp"
 
@@ -90,14 +91,6 @@ float f16_to_f32(uint16_t h) {
     bits = sign | (static_cast<uint32_t>(113 - shift) << 23) | (mant << 13);
   }
   return std::bit_cast<float>(bits);
-}
-
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  XMOE_CHECK(in.good(), path, ": cannot open: ", std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // Shard names come from the index; a name leaving the directory (absolute, "..") is refused rather than

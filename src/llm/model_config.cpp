@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "util/text_file.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::llm {
@@ -185,15 +186,6 @@ std::optional<RopeScaling> parse_rope(const json& rope, const std::string& where
   return s;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  XMOE_CHECK(in.good(), path, ": cannot open: ", std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  XMOE_CHECK(!in.bad(), path, ": read failed");
-  return ss.str();
-}
-
 }  // namespace
 
 bool ModelConfig::is_sparse_layer(int i) const {
@@ -319,7 +311,7 @@ ModelConfig parse_model_config_text(const std::string& json_text, const std::str
 }
 
 ModelConfig parse_model_config(const std::string& config_json_path) {
-  return parse_model_config_text(read_file(config_json_path), config_json_path);
+  return parse_model_config_text(read_text_file(config_json_path), config_json_path);
 }
 
 }  // namespace xmoe::llm

@@ -14,6 +14,7 @@
 #include "llm/tokenizer/post_processor.hpp"
 #include "llm/tokenizer/pre_tokenizer.hpp"
 #include "llm/tokenizer/utf8.hpp"
+#include "util/text_file.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe {
@@ -78,12 +79,7 @@ using tokenizer_detail::TokenizerImpl;
 Tokenizer::Tokenizer(std::shared_ptr<const TokenizerImpl> impl) : impl_(std::move(impl)) {}
 
 Tokenizer Tokenizer::from_file(const std::string& tokenizer_json_path) {
-  std::ifstream in(tokenizer_json_path, std::ios::binary);
-  XMOE_CHECK(in, "tokenizer: cannot open '", tokenizer_json_path, "'");
-  std::ostringstream text;
-  text << in.rdbuf();
-  XMOE_CHECK(in.good() || in.eof(), "tokenizer: cannot read '", tokenizer_json_path, "'");
-  return from_json(text.str(), tokenizer_json_path);
+  return from_json(read_text_file(tokenizer_json_path), tokenizer_json_path);
 }
 
 Tokenizer Tokenizer::from_json(const std::string& json_text, const std::string& where) {
