@@ -1,12 +1,22 @@
 #include "qwen3_moe_tensors.hpp"
 
+#include "xmoe/error.hpp"
+
 namespace xmoe::app {
 
-int64_t PlannedTensor::numel() const {
+namespace {
+
+// Each config size is in range on its own, but their products can overflow: name the tensor instead.
+int64_t checked_product(const std::string& name, const std::vector<int64_t>& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape)
+    XMOE_CHECK(!__builtin_mul_overflow(n, d, &n), "init-model: tensor '", name, "' would be too large");
   return n;
 }
+
+}  // namespace
+
+int64_t PlannedTensor::numel() const { return checked_product(name, shape); }
 
 namespace {
 
@@ -59,9 +69,10 @@ std::vector<PlannedTensor> qwen3_moe_tensors(const llm::ModelConfig& c, ExpertLa
         PlannedTensor gate_up{p + "mlp.experts.gate_up_proj", {E, 2 * I, H}, TensorInit::normal, {}};
         PlannedTensor down{p + "mlp.experts.down_proj", {E, H, I}, TensorInit::normal, {}};
         for (int64_t j = 0; j < E; ++j) {
-          gate_up.segments.push_back({expert(j, "gate_proj"), I * H});
-          gate_up.segments.push_back({expert(j, "up_proj"), I * H});
-          down.segments.push_back({expert(j, "down_proj"), H * I});
+          const int64_t per_expert = checked_product(expert(j, "down_proj"), {H, I});
+          gate_up.segments.push_back({expert(j, "gate_proj"), per_expert});
+          gate_up.segments.push_back({expert(j, "up_proj"), per_expert});
+          down.segments.push_back({expert(j, "down_proj"), per_expert});
         }
         t.push_back(std::move(gate_up));
         t.push_back(std::move(down));

@@ -29,15 +29,26 @@ inline float reduce16(__m512 v) {
   return _mm_cvtss_f32(s1);
 }
 
+// `next` / `next_bytes`: memory to prefetch into L2 while this tile runs, spread evenly over its steps (see
+// rows_block for why).
 template <int MR, int NR, class W>
-void tile(const float* x, int64_t ldx, const W* w, int64_t k, float* y, int64_t ldy) {
+void tile(const float* x, int64_t ldx, const W* w, int64_t k, float* y, int64_t ldy,
+          const char* next = nullptr, int64_t next_bytes = 0) {
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  // Each step reads NR·16 weights; prefetching as many bytes of `next` per step covers a tile of the same
+  // shape by the time this one ends.
+  constexpr int64_t kStepBytes = NR * 16 * int64_t(sizeof(W));
   for (int64_t p = 0; p < k; p += 16) {
     const __mmask16 mask = k - p >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - p)) - 1);
+    if (next_bytes > 0) {
+      const int64_t at = p / 16 * kStepBytes;
+      for (int64_t b = at; b < std::min(at + kStepBytes, next_bytes); b += 64)
+        _mm_prefetch(next + b, _MM_HINT_T1);
+    }
     __m512 wv[NR];
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = load_w(w + j * k + p, mask);
@@ -53,11 +64,23 @@ void tile(const float* x, int64_t ldx, const W* w, int64_t k, float* y, int64_t 
 }
 
 // Columns [n0, n1) for MR rows: NR weight rows at a time, then one at a time for the tail.
+//
+// Decode is bound by how fast the weights stream in. The hardware prefetchers do not cross 4 KiB pages, and a
+// bf16 row of k = 2048 is exactly one page, so each of a tile's NR row streams would restart cold at every
+// tile. Instead each tile prefetches the next tile's rows (contiguous: rows j + NR .. j + 2·NR) while it
+// computes; the first tile's rows are requested up front.
 template <int MR, int NR, class W>
 void rows_block(const float* x, int64_t ldx, const W* w, int64_t k, int64_t n0, int64_t n1, float* y,
                 int64_t ldy) {
+  const auto bytes_of_rows = [&](int64_t a, int64_t b) { return (b - a) * k * int64_t(sizeof(W)); };
+  const auto row_ptr = [&](int64_t j) { return reinterpret_cast<const char*>(w + j * k); };
+  const int64_t first = bytes_of_rows(n0, std::min(n1, n0 + NR));
+  for (int64_t b = 0; b < first; b += 64) _mm_prefetch(row_ptr(n0) + b, _MM_HINT_T1);
   int64_t j = n0;
-  for (; j + NR <= n1; j += NR) tile<MR, NR>(x, ldx, w + j * k, k, y + j, ldy);
+  for (; j + NR <= n1; j += NR) {
+    const int64_t next_end = std::min(n1, j + 2 * NR);
+    tile<MR, NR>(x, ldx, w + j * k, k, y + j, ldy, row_ptr(j + NR), bytes_of_rows(j + NR, next_end));
+  }
   for (; j < n1; ++j) tile<MR, 1>(x, ldx, w + j * k, k, y + j, ldy);
 }
 
