@@ -134,6 +134,29 @@ void ExpertParallelStage<S>::timed(Fn&& fn) {
 }
 
 template <class S>
+template <class In, class Out, class Compute, class AfterCompute, class Land>
+void ExpertParallelStage<S>::run_chunk_pipeline(int D, const ChunkedExchange<In>& in,
+                                                const ChunkedExchange<Out>& out, Compute&& compute,
+                                                AfterCompute&& after_compute, Land&& land) {
+  const auto post = [&]<class T>(const ChunkedExchange<T>& x, int d) {
+    return group_.all_to_all_async(x.send + d * x.chunk, x.recv + d * x.chunk, x.count, element_type_of<T>());
+  };
+  std::vector<std::unique_ptr<CommRequest>> inbound(static_cast<size_t>(D)), outbound(static_cast<size_t>(D));
+  inbound[0] = post(in, 0);
+  for (int d = 0; d < D; ++d) {
+    timed([&] { inbound[static_cast<size_t>(d)]->wait(); });
+    if (d + 1 < D) inbound[static_cast<size_t>(d) + 1] = post(in, d + 1);
+    compute(d);
+    outbound[static_cast<size_t>(d)] = post(out, d);
+  }
+  after_compute();
+  for (int d = 0; d < D; ++d) {
+    timed([&] { outbound[static_cast<size_t>(d)]->wait(); });
+    land(d);
+  }
+}
+
+template <class S>
 void ExpertParallelStage<S>::all_to_all(const void* send, void* recv, size_t count, ElementType type) {
   const auto t0 = std::chrono::steady_clock::now();
   if (two_dim_)
@@ -185,61 +208,85 @@ void ExpertParallelStage<S>::forward(const Ops<S>& ops, const S* disp, int64_t C
   all_to_all(back, yd, static_cast<size_t>(L_ * C * O_), st);
 }
 
+// Rows in D chunks, for whole experts (b = 0: slots [d·Cd, (d+1)·Cd) of every expert) or sharded ones (b ≥ 1:
+// rows [d·Cd, (d+1)·Cd) of every destination's block of Cb = C/b slots). Chunk d's rows land where the
+// unchunked path puts them ([L][W][C] or [source][Cb]), `run_rows()` computes the rows in ranges_, and the
+// results come home into dst's slots; a sharded expert's partial outputs are summed in the unchunked path's
+// part order. Every row is computed and summed exactly as without chunks, so results are bit-identical to
+// D = 1.
+template <class S>
+template <class Out, class RunRows, class AfterRows>
+void ExpertParallelStage<S>::exchange_in_chunks(int D, int b, const S* src, int64_t in_w, S* local_in,
+                                                Out* local_out, int64_t out_w, Buffer<Out>& back_buffer,
+                                                Buffer<Out>& back_recv_buffer, Out* dst, RunRows&& run_rows,
+                                                AfterRows&& after_rows) {
+  const bool sharded = b > 0;
+  // Blocks per rank: L experts of C slots each, or one block of Cb slots; a block's slots start at
+  // block_row(w, l) in the local buffers and at slot_of(w, l) in src/dst.
+  const int64_t L = sharded ? 1 : L_, Cb = sharded ? C_ / b : C_, Cd = Cb / D, blocks = W_ * L;
+  const auto local_row = [&](int64_t w, int64_t l) { return sharded ? w * Cb : (l * W_ + w) * C_; };
+  const auto slot_of = [&](int64_t w, int64_t l) {
+    return sharded ? (w / sc_ * C_ + (w % sc_) % b * Cb) : ((w * L + l) * C_);
+  };
+  const int64_t chunk_in = blocks * Cd * in_w, chunk_out = blocks * Cd * out_w;
+  S* send = chunk_send_.ensure(static_cast<size_t>(D * chunk_in));
+  S* recv = chunk_recv_.ensure(static_cast<size_t>(D * chunk_in));
+  Out* back = back_buffer.ensure(static_cast<size_t>(D * chunk_out));
+  Out* back_recv = back_recv_buffer.ensure(static_cast<size_t>(D * chunk_out));
+  // Chunk d as [W][L][Cd][width]: block (w, l) of it is slots [d·Cd, (d+1)·Cd) of block (w, l).
+  const auto at = [&](int64_t d, int64_t w, int64_t l, int64_t width) {
+    return (d * blocks + w * L + l) * Cd * width;
+  };
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t w = 0; w < W_; ++w)
+      for (int64_t l = 0; l < L; ++l)
+        std::memcpy(static_cast<void*>(send + at(d, w, l, in_w)), src + (slot_of(w, l) + d * Cd) * in_w,
+                    sizeof(S) * static_cast<size_t>(Cd * in_w));
+  run_chunk_pipeline(
+      D, ChunkedExchange<S>{send, recv, chunk_in, static_cast<size_t>(L * Cd * in_w)},
+      ChunkedExchange<Out>{back, back_recv, chunk_out, static_cast<size_t>(L * Cd * out_w)},
+      [&](int d) {
+        ranges_.clear();
+        for (int64_t w = 0; w < W_; ++w)
+          for (int64_t l = 0; l < L; ++l) {
+            const int64_t row = local_row(w, l) + d * Cd;
+            std::memcpy(static_cast<void*>(local_in + row * in_w), recv + at(d, w, l, in_w),
+                        sizeof(S) * static_cast<size_t>(Cd * in_w));
+            ranges_.push_back({l, row, row + Cd});
+          }
+        run_rows();
+        for (int64_t w = 0; w < W_; ++w)
+          for (int64_t l = 0; l < L; ++l)
+            std::memcpy(static_cast<void*>(back + at(d, w, l, out_w)),
+                        local_out + (local_row(w, l) + d * Cd) * out_w,
+                        sizeof(Out) * static_cast<size_t>(Cd * out_w));
+      },
+      after_rows,
+      [&](int d) {
+        for (int64_t w = 0; w < W_; ++w)
+          for (int64_t l = 0; l < L; ++l) {
+            Out* to = dst + (slot_of(w, l) + d * Cd) * out_w;
+            const Out* from = back_recv + at(d, w, l, out_w);
+            if (!sharded || (w % sc_) / b == 0)  // whole expert, or part 0 of a sharded one
+              std::memcpy(static_cast<void*>(to), from, sizeof(Out) * static_cast<size_t>(Cd * out_w));
+            else
+              for (int64_t i = 0; i < Cd * out_w; ++i)
+                to[i] = static_cast<Out>(static_cast<Acc>(to[i]) + static_cast<Acc>(from[i]));
+          }
+      });
+}
+
 // Capacity in D chunks: chunk d's all-to-all is in flight while chunk d−1's experts run, and each chunk's
 // outputs start home as soon as they exist. Every row is computed exactly as without chunks, so results are
 // bit-identical; rows land in the same [L][W][C] buffer, so backward is unchanged.
 template <class S>
 void ExpertParallelStage<S>::forward_overlapped(const Ops<S>& ops, const S* disp, int D, S* yd) {
-  const ElementType st = element_type_of<S>();
-  const int64_t C = C_, Cd = C / D, R = static_cast<int64_t>(E_) * C, WL = static_cast<int64_t>(W_) * L_;
-  const int64_t chunk_in = WL * Cd * M_, chunk_out = WL * Cd * O_;
+  const int64_t R = static_cast<int64_t>(E_) * C_;
   S* xl = x_local_.ensure(static_cast<size_t>(R * M_));
   S* yl = y_local_.ensure(static_cast<size_t>(R * O_));
-  S* send = chunk_send_.ensure(static_cast<size_t>(D * chunk_in));
-  S* recv = chunk_recv_.ensure(static_cast<size_t>(D * chunk_in));
-  S* back = chunk_back_.ensure(static_cast<size_t>(D * chunk_out));
-  S* back_recv = chunk_back_recv_.ensure(static_cast<size_t>(D * chunk_out));
-  // Slots [d·Cd, (d+1)·Cd) of every expert, packed as [W][L][Cd][M].
-  for (int d = 0; d < D; ++d)
-    for (int64_t e = 0; e < WL; ++e)
-      std::memcpy(static_cast<void*>(send + d * chunk_in + e * Cd * M_), disp + (e * C + d * Cd) * M_,
-                  sizeof(S) * static_cast<size_t>(Cd * M_));
-  std::vector<std::unique_ptr<CommRequest>> in(static_cast<size_t>(D)), out(static_cast<size_t>(D));
-  in[0] = group_.all_to_all_async(send, recv, static_cast<size_t>(L_ * Cd * M_), st);
-  for (int d = 0; d < D; ++d) {
-    auto t0 = std::chrono::steady_clock::now();
-    in[static_cast<size_t>(d)]->wait();
-    comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (d + 1 < D)
-      in[static_cast<size_t>(d) + 1] = group_.all_to_all_async(
-          send + (d + 1) * chunk_in, recv + (d + 1) * chunk_in, static_cast<size_t>(L_ * Cd * M_), st);
-    ranges_.clear();
-    const S* rc = recv + d * chunk_in;  // [W][L][Cd][M] from every source rank
-    for (int64_t w = 0; w < W_; ++w)
-      for (int64_t l = 0; l < L_; ++l) {
-        const int64_t row = (l * W_ + w) * C + d * Cd;
-        std::memcpy(static_cast<void*>(xl + row * M_), rc + (w * L_ + l) * Cd * M_,
-                    sizeof(S) * static_cast<size_t>(Cd * M_));
-        ranges_.push_back({l, row, row + Cd});
-      }
-    local_.forward_rows(ops, xl, ranges_, R, yl);
-    S* bc = back + d * chunk_out;
-    for (int64_t w = 0; w < W_; ++w)
-      for (int64_t l = 0; l < L_; ++l)
-        std::memcpy(static_cast<void*>(bc + (w * L_ + l) * Cd * O_), yl + ((l * W_ + w) * C + d * Cd) * O_,
-                    sizeof(S) * static_cast<size_t>(Cd * O_));
-    out[static_cast<size_t>(d)] =
-        group_.all_to_all_async(bc, back_recv + d * chunk_out, static_cast<size_t>(L_ * Cd * O_), st);
-  }
-  for (int d = 0; d < D; ++d) {
-    const auto t0 = std::chrono::steady_clock::now();
-    out[static_cast<size_t>(d)]->wait();
-    comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const S* br = back_recv + d * chunk_out;  // [W][L][Cd][O] = this rank's experts' slots of chunk d
-    for (int64_t e = 0; e < WL; ++e)
-      std::memcpy(static_cast<void*>(yd + (e * C + d * Cd) * O_), br + e * Cd * O_,
-                  sizeof(S) * static_cast<size_t>(Cd * O_));
-  }
+  exchange_in_chunks(
+      D, 0, disp, M_, xl, yl, O_, chunk_back_, chunk_back_recv_, yd,
+      [&] { local_.forward_rows(ops, xl, ranges_, R, yl); }, [] {});
 }
 
 // Backward in the forward's D chunks: chunk d's dy all-to-all is in flight while chunk d−1's dx rows are
@@ -248,55 +295,17 @@ void ExpertParallelStage<S>::forward_overlapped(const Ops<S>& ops, const S* disp
 // D = 1.
 template <class S>
 void ExpertParallelStage<S>::backward_overlapped(const Ops<S>& ops, const S* dyd, Acc* dxd) {
-  const ElementType st = element_type_of<S>(), at = element_type_of<Acc>();
-  const int D = overlap_;
-  const int64_t C = C_, Cd = C / D, R = static_cast<int64_t>(E_) * C, WL = static_cast<int64_t>(W_) * L_;
-  const int64_t chunk_dy = WL * Cd * O_, chunk_dx = WL * Cd * M_;
+  const int64_t R = static_cast<int64_t>(E_) * C_;
   S* dyl = dy_local_.ensure(static_cast<size_t>(R * O_));
   Acc* dxl = dx_local_.ensure(static_cast<size_t>(R * M_));
-  S* send = chunk_send_.ensure(static_cast<size_t>(D * chunk_dy));
-  S* recv = chunk_recv_.ensure(static_cast<size_t>(D * chunk_dy));
-  Acc* back = dx_chunk_send_.ensure(static_cast<size_t>(D * chunk_dx));
-  Acc* back_recv = dx_chunk_recv_.ensure(static_cast<size_t>(D * chunk_dx));
-  for (int d = 0; d < D; ++d)
-    for (int64_t e = 0; e < WL; ++e)
-      std::memcpy(static_cast<void*>(send + d * chunk_dy + e * Cd * O_), dyd + (e * C + d * Cd) * O_,
-                  sizeof(S) * static_cast<size_t>(Cd * O_));
-  std::vector<std::unique_ptr<CommRequest>> in(static_cast<size_t>(D)), out(static_cast<size_t>(D));
-  in[0] = group_.all_to_all_async(send, recv, static_cast<size_t>(L_ * Cd * O_), st);
-  for (int d = 0; d < D; ++d) {
-    timed([&] { in[static_cast<size_t>(d)]->wait(); });
-    if (d + 1 < D)
-      in[static_cast<size_t>(d) + 1] = group_.all_to_all_async(
-          send + (d + 1) * chunk_dy, recv + (d + 1) * chunk_dy, static_cast<size_t>(L_ * Cd * O_), st);
-    ranges_.clear();
-    const S* rc = recv + d * chunk_dy;  // [W][L][Cd][O] from every source rank
-    for (int64_t w = 0; w < W_; ++w)
-      for (int64_t l = 0; l < L_; ++l) {
-        const int64_t row = (l * W_ + w) * C + d * Cd;
-        std::memcpy(static_cast<void*>(dyl + row * O_), rc + (w * L_ + l) * Cd * O_,
-                    sizeof(S) * static_cast<size_t>(Cd * O_));
-        ranges_.push_back({l, row, row + Cd});
-      }
-    local_.backward_rows(ops, x_local_.data(), dyl, ranges_, R, dxl);
-    Acc* bc = back + d * chunk_dx;
-    for (int64_t w = 0; w < W_; ++w)
-      for (int64_t l = 0; l < L_; ++l)
-        std::memcpy(static_cast<void*>(bc + (w * L_ + l) * Cd * M_), dxl + ((l * W_ + w) * C + d * Cd) * M_,
-                    sizeof(Acc) * static_cast<size_t>(Cd * M_));
-    out[static_cast<size_t>(d)] =
-        group_.all_to_all_async(bc, back_recv + d * chunk_dx, static_cast<size_t>(L_ * Cd * M_), at);
-  }
-  std::vector<int64_t> offsets(static_cast<size_t>(L_) + 1);
-  for (int l = 0; l <= L_; ++l) offsets[static_cast<size_t>(l)] = l * W_ * C;
-  local_.backward_params(ops, x_local_.data(), dyl, offsets);
-  for (int d = 0; d < D; ++d) {
-    timed([&] { out[static_cast<size_t>(d)]->wait(); });
-    const Acc* br = back_recv + d * chunk_dx;  // [W][L][Cd][M] = this rank's experts' slots of chunk d
-    for (int64_t e = 0; e < WL; ++e)
-      std::memcpy(static_cast<void*>(dxd + (e * C + d * Cd) * M_), br + e * Cd * M_,
-                  sizeof(Acc) * static_cast<size_t>(Cd * M_));
-  }
+  exchange_in_chunks(
+      overlap_, 0, dyd, O_, dyl, dxl, M_, dx_chunk_send_, dx_chunk_recv_, dxd,
+      [&] { local_.backward_rows(ops, x_local_.data(), dyl, ranges_, R, dxl); },
+      [&] {
+        std::vector<int64_t> offsets(static_cast<size_t>(L_) + 1);
+        for (int l = 0; l <= L_; ++l) offsets[static_cast<size_t>(l)] = l * W_ * C_;
+        local_.backward_params(ops, x_local_.data(), dyl, offsets);
+      });
 }
 
 template <class S>
@@ -504,113 +513,27 @@ void ExpertParallelStage<S>::backward_sharded(const Ops<S>& ops, const S* dyd, A
 template <class S>
 void ExpertParallelStage<S>::forward_sharded_overlapped(const Ops<S>& ops, const S* disp, Experts<S>& ex,
                                                         int b, S* yd) {
-  const ElementType st = element_type_of<S>();
-  const int D = overlap_;
-  const int64_t C = C_, Cb = C / b, Cd = Cb / D, R = W_ * Cb;
-  const int64_t chunk_in = W_ * Cd * M_, chunk_out = W_ * Cd * O_;
+  const int64_t R = W_ * (C_ / b);
   S* xl = x_local_.ensure(static_cast<size_t>(R * M_));
   S* yl = y_local_.ensure(static_cast<size_t>(R * O_));
-  S* send = chunk_send_.ensure(static_cast<size_t>(D * chunk_in));
-  S* recv = chunk_recv_.ensure(static_cast<size_t>(D * chunk_in));
-  S* back = chunk_back_.ensure(static_cast<size_t>(D * chunk_out));
-  S* back_recv = chunk_back_recv_.ensure(static_cast<size_t>(D * chunk_out));
-  for (int d = 0; d < D; ++d)
-    for (int w = 0; w < W_; ++w) {
-      const int64_t e = w / sc_, s = (w % sc_) % b;
-      std::memcpy(static_cast<void*>(send + d * chunk_in + w * Cd * M_),
-                  disp + (e * C + s * Cb + d * Cd) * M_, sizeof(S) * static_cast<size_t>(Cd * M_));
-    }
-  std::vector<std::unique_ptr<CommRequest>> in(static_cast<size_t>(D)), out(static_cast<size_t>(D));
-  in[0] = group_.all_to_all_async(send, recv, static_cast<size_t>(Cd * M_), st);
-  for (int d = 0; d < D; ++d) {
-    timed([&] { in[static_cast<size_t>(d)]->wait(); });
-    if (d + 1 < D)
-      in[static_cast<size_t>(d) + 1] = group_.all_to_all_async(
-          send + (d + 1) * chunk_in, recv + (d + 1) * chunk_in, static_cast<size_t>(Cd * M_), st);
-    ranges_.clear();
-    for (int64_t w = 0; w < W_; ++w) {
-      const int64_t row = w * Cb + d * Cd;
-      std::memcpy(static_cast<void*>(xl + row * M_), recv + d * chunk_in + w * Cd * M_,
-                  sizeof(S) * static_cast<size_t>(Cd * M_));
-      ranges_.push_back({0, row, row + Cd});
-    }
-    ex.forward_rows(ops, xl, ranges_, R, yl);
-    for (int64_t w = 0; w < W_; ++w)
-      std::memcpy(static_cast<void*>(back + d * chunk_out + w * Cd * O_), yl + (w * Cb + d * Cd) * O_,
-                  sizeof(S) * static_cast<size_t>(Cd * O_));
-    out[static_cast<size_t>(d)] = group_.all_to_all_async(back + d * chunk_out, back_recv + d * chunk_out,
-                                                          static_cast<size_t>(Cd * O_), st);
-  }
-  for (int d = 0; d < D; ++d) {
-    timed([&] { out[static_cast<size_t>(d)]->wait(); });
-    for (int w = 0; w < W_; ++w) {
-      const int64_t e = w / sc_, part = (w % sc_) / b, s = (w % sc_) % b;
-      S* dst = yd + (e * C + s * Cb + d * Cd) * O_;
-      const S* src = back_recv + d * chunk_out + w * Cd * O_;
-      if (part == 0) {
-        std::memcpy(static_cast<void*>(dst), src, sizeof(S) * static_cast<size_t>(Cd * O_));
-      } else {
-        for (int64_t i = 0; i < Cd * O_; ++i)
-          dst[i] = static_cast<S>(static_cast<Acc>(dst[i]) + static_cast<Acc>(src[i]));
-      }
-    }
-  }
+  exchange_in_chunks(
+      overlap_, b, disp, M_, xl, yl, O_, chunk_back_, chunk_back_recv_, yd,
+      [&] { ex.forward_rows(ops, xl, ranges_, R, yl); }, [] {});
 }
 
 template <class S>
 void ExpertParallelStage<S>::backward_sharded_overlapped(const Ops<S>& ops, const S* dyd, Experts<S>& ex,
                                                          int b, Acc* dxd) {
-  const ElementType st = element_type_of<S>(), at = element_type_of<Acc>();
-  const int D = overlap_;
-  const int64_t C = C_, Cb = C / b, Cd = Cb / D, R = W_ * Cb;
-  const int64_t chunk_dy = W_ * Cd * O_, chunk_dx = W_ * Cd * M_;
+  const int64_t R = W_ * (C_ / b);
   S* dyl = dy_local_.ensure(static_cast<size_t>(R * O_));
   Acc* dxl = dx_local_.ensure(static_cast<size_t>(R * M_));
-  S* send = chunk_send_.ensure(static_cast<size_t>(D * chunk_dy));
-  S* recv = chunk_recv_.ensure(static_cast<size_t>(D * chunk_dy));
-  Acc* back = dx_chunk_send_.ensure(static_cast<size_t>(D * chunk_dx));
-  Acc* back_recv = dx_chunk_recv_.ensure(static_cast<size_t>(D * chunk_dx));
-  for (int d = 0; d < D; ++d)
-    for (int w = 0; w < W_; ++w) {
-      const int64_t e = w / sc_, s = (w % sc_) % b;
-      std::memcpy(static_cast<void*>(send + d * chunk_dy + w * Cd * O_), dyd + (e * C + s * Cb + d * Cd) * O_,
-                  sizeof(S) * static_cast<size_t>(Cd * O_));
-    }
-  std::vector<std::unique_ptr<CommRequest>> in(static_cast<size_t>(D)), out(static_cast<size_t>(D));
-  in[0] = group_.all_to_all_async(send, recv, static_cast<size_t>(Cd * O_), st);
-  for (int d = 0; d < D; ++d) {
-    timed([&] { in[static_cast<size_t>(d)]->wait(); });
-    if (d + 1 < D)
-      in[static_cast<size_t>(d) + 1] = group_.all_to_all_async(
-          send + (d + 1) * chunk_dy, recv + (d + 1) * chunk_dy, static_cast<size_t>(Cd * O_), st);
-    ranges_.clear();
-    for (int64_t w = 0; w < W_; ++w) {
-      const int64_t row = w * Cb + d * Cd;
-      std::memcpy(static_cast<void*>(dyl + row * O_), recv + d * chunk_dy + w * Cd * O_,
-                  sizeof(S) * static_cast<size_t>(Cd * O_));
-      ranges_.push_back({0, row, row + Cd});
-    }
-    ex.backward_rows(ops, x_local_.data(), dyl, ranges_, R, dxl);
-    for (int64_t w = 0; w < W_; ++w)
-      std::memcpy(static_cast<void*>(back + d * chunk_dx + w * Cd * M_), dxl + (w * Cb + d * Cd) * M_,
-                  sizeof(Acc) * static_cast<size_t>(Cd * M_));
-    out[static_cast<size_t>(d)] = group_.all_to_all_async(back + d * chunk_dx, back_recv + d * chunk_dx,
-                                                          static_cast<size_t>(Cd * M_), at);
-  }
-  const int64_t offsets[2] = {0, R};
-  ex.backward_params(ops, x_local_.data(), dyl, offsets);
-  for (int d = 0; d < D; ++d) {
-    timed([&] { out[static_cast<size_t>(d)]->wait(); });
-    for (int w = 0; w < W_; ++w) {
-      const int64_t e = w / sc_, part = (w % sc_) / b, s = (w % sc_) % b;
-      Acc* dst = dxd + (e * C + s * Cb + d * Cd) * M_;
-      const Acc* src = back_recv + d * chunk_dx + w * Cd * M_;
-      if (part == 0)
-        std::memcpy(static_cast<void*>(dst), src, sizeof(Acc) * static_cast<size_t>(Cd * M_));
-      else
-        add_into(dst, src, Cd * M_);
-    }
-  }
+  exchange_in_chunks(
+      overlap_, b, dyd, O_, dyl, dxl, M_, dx_chunk_send_, dx_chunk_recv_, dxd,
+      [&] { ex.backward_rows(ops, x_local_.data(), dyl, ranges_, R, dxl); },
+      [&] {
+        const int64_t offsets[2] = {0, R};
+        ex.backward_params(ops, x_local_.data(), dyl, offsets);
+      });
 }
 
 template <class S>

@@ -93,6 +93,25 @@ class ExpertParallelStage {
   void all_to_all(const void* send, void* recv, size_t count, ElementType type);  // flat or 2DH, timed
   template <class Fn>
   void timed(Fn&& fn);
+  // One direction of a chunked exchange: D chunks of `chunk` elements, `count` of them per rank.
+  template <class T>
+  struct ChunkedExchange {
+    T* send;
+    T* recv;
+    int64_t chunk;
+    size_t count;
+  };
+  // The pipeline every overlapped path runs: chunk d's inbound all-to-all is in flight while `compute(d)`
+  // turns chunk d−1 into its result (packed into out.send), which starts home at once; `after_compute()` runs
+  // while the last results travel, then `land(d)` unpacks each returned chunk in order.
+  template <class In, class Out, class Compute, class AfterCompute, class Land>
+  void run_chunk_pipeline(int D, const ChunkedExchange<In>& in, const ChunkedExchange<Out>& out,
+                          Compute&& compute, AfterCompute&& after_compute, Land&& land);
+  // The overlapped paths' rows (whole experts: b = 0; sharded: b ≥ 1) through that pipeline.
+  template <class Out, class RunRows, class AfterRows>
+  void exchange_in_chunks(int D, int b, const S* src, int64_t in_w, S* local_in, Out* local_out,
+                          int64_t out_w, Buffer<Out>& back_buffer, Buffer<Out>& back_recv_buffer, Out* dst,
+                          RunRows&& run_rows, AfterRows&& after_rows);
 
   MoeConfig config_;
   Communicator& group_;
