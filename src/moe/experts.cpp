@@ -136,14 +136,6 @@ class FfnExperts final : public Experts<S> {
     }
   }
 
-  void backward(const Ops<S>& ops, const S* x, const S* dy, std::span<const int64_t> off, Acc* dx) override {
-    ranges_.clear();
-    for (int64_t e = 0; e < E_; ++e)
-      ranges_.push_back({e, off[static_cast<size_t>(e)], off[static_cast<size_t>(e) + 1]});
-    backward_rows(ops, x, dy, ranges_, off[static_cast<size_t>(E_)], dx);
-    backward_params(ops, x, dy, off);
-  }
-
   bool supports_split_backward() const override { return true; }
 
   // dh = act'(pre) ⊙ dy W2ᵀ (kept for backward_params), dx = dh W1.
@@ -207,7 +199,6 @@ class FfnExperts final : public Experts<S> {
   int64_t E_, M_, H_, O_;
   Activation act_;
   Parameter *w1_ = nullptr, *w2_ = nullptr, *b1_ = nullptr, *b2_ = nullptr;
-  std::vector<ExpertRange> ranges_;
   Buffer<Acc> pre_, dh_, b1_acc_, b2_acc_;
   Buffer<S> act_out_;
   StagedRows<S> act_stage_, out_stage_, dh_stage_;
@@ -268,14 +259,6 @@ class SwigluExperts final : public Experts<S> {
     }
   }
 
-  void backward(const Ops<S>& ops, const S* x, const S* dy, std::span<const int64_t> off, Acc* dx) override {
-    ranges_.clear();
-    for (int64_t e = 0; e < E_; ++e)
-      ranges_.push_back({e, off[static_cast<size_t>(e)], off[static_cast<size_t>(e) + 1]});
-    backward_rows(ops, x, dy, ranges_, off[static_cast<size_t>(E_)], dx);
-    backward_params(ops, x, dy, off);
-  }
-
   bool supports_split_backward() const override { return true; }
 
   // dg, du through silu_mul (kept for backward_params), dx = dg G + du U.
@@ -333,7 +316,6 @@ class SwigluExperts final : public Experts<S> {
  private:
   int64_t E_, M_, H_;
   Parameter *gate_, *up_, *down_;
-  std::vector<ExpertRange> ranges_;
   Buffer<Acc> g_, u_, da_, dg_, du_;
   Buffer<S> a_;
   StagedRows<S> a_stage_, y_stage_, dg_stage_, du_stage_;

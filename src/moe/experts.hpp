@@ -30,14 +30,15 @@ class Experts {
   // Whether forward_rows accepts arbitrary ranges (a user's CustomExpert takes one range per expert only).
   virtual bool supports_row_ranges() const { return true; }
   void forward(const Ops<S>& ops, const S* x, std::span<const int64_t> offsets, S* y) {
-    ranges_.clear();
-    for (size_t e = 0; e + 1 < offsets.size(); ++e)
-      ranges_.push_back({static_cast<int64_t>(e), offsets[e], offsets[e + 1]});
-    forward_rows(ops, x, ranges_, offsets.back(), y);
+    forward_rows(ops, x, ranges_of(offsets), offsets.back(), y);
   }
   // x is the forward's input (unchanged since); dy [R, O] → dx [R, M]; accumulates parameter gradients.
+  // Experts with a split backward run it as its two parts.
   virtual void backward(const Ops<S>& ops, const S* x, const S* dy, std::span<const int64_t> offsets,
-                        Acc* dx) = 0;
+                        Acc* dx) {
+    backward_rows(ops, x, dy, ranges_of(offsets), offsets.back(), dx);
+    backward_params(ops, x, dy, offsets);
+  }
   // Backward in two parts, for overlapped chunks: backward_rows writes dx for the given row ranges (a row's
   // dx depends on that row alone) and may come in several calls with the same total_rows; backward_params
   // then accumulates the parameter gradients over every row, in buffer order, so that the sum order (and
@@ -52,6 +53,14 @@ class Experts {
   virtual size_t workspace_bytes() const = 0;
 
  private:
+  // Expert e's rows [offsets[e], offsets[e + 1]) as ranges.
+  std::span<const ExpertRange> ranges_of(std::span<const int64_t> offsets) {
+    ranges_.clear();
+    for (size_t e = 0; e + 1 < offsets.size(); ++e)
+      ranges_.push_back({static_cast<int64_t>(e), offsets[e], offsets[e + 1]});
+    return ranges_;
+  }
+
   std::vector<ExpertRange> ranges_;
 };
 
