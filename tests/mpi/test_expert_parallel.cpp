@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "layer_outcome.hpp"
 #include "mpi_test_main.hpp"
-#include "util/random.hpp"
 #include "xmoe/communicator.hpp"
 #include "xmoe/moe_layer.hpp"
 #include "xmoe/mpi.hpp"
@@ -22,14 +22,12 @@
 namespace xmoe {
 namespace {
 
-std::shared_ptr<Communicator> g_world;  // set once in main
+using test::forward_backward;
+using test::max_rel_diff;
+using test::Outcome;
+using test::random_tensor;
 
-Tensor random_tensor(const Shape& s, DType dtype, uint64_t seed) {
-  Tensor t = Tensor::empty(s, dtype);
-  CounterRng rng(seed);
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, rng.normal(static_cast<uint64_t>(i)));
-  return t;
-}
+std::shared_ptr<Communicator> g_world;  // set once in main
 
 struct Case {
   std::string expert = "ffn";
@@ -71,25 +69,12 @@ Switches switches_for(const Case& c) {
   return s;
 }
 
-struct Outcome {
-  Tensor y, dx;
-  double aux = 0;
-  std::vector<Tensor> grads;  // in parameters() order
-};
-
 Outcome run_parallel(const Case& c, MoeLayer& layer) {
   const int rank = g_world->rank();
   const int64_t T = tokens_of(c, rank);
-  Tensor x = random_tensor({T, 16}, c.dtype, 100 + static_cast<uint64_t>(rank));
-  Tensor dy = random_tensor({T, 16}, c.dtype, 200 + static_cast<uint64_t>(rank));
-  layer.zero_grad();
-  Outcome o;
-  ForwardResult f = layer.forward(x, switches_for(c));
-  o.y = f.y;
-  o.aux = f.aux_loss;
-  o.dx = layer.backward(dy, 0.5);
-  for (Parameter* p : layer.parameters()) o.grads.push_back(p->grad.clone());
-  return o;
+  return forward_backward(layer, random_tensor({T, 16}, c.dtype, 100 + static_cast<uint64_t>(rank)),
+                          random_tensor({T, 16}, c.dtype, 200 + static_cast<uint64_t>(rank)),
+                          switches_for(c));
 }
 
 // What rank `rank` must see: the single-process layer on its own tokens, with expert gradients summed over
@@ -123,15 +108,6 @@ Outcome run_reference(const Case& c, int rank, int world) {
     own.grads.push_back(
         (all.parameters()[i]->is_expert ? all.parameters()[i] : solo.parameters()[i])->grad.clone());
   return own;
-}
-
-double max_rel_diff(const Tensor& a, const Tensor& b) {
-  double diff = 0, scale = 1e-30;
-  for (int64_t i = 0; i < b.numel(); ++i) {
-    diff = std::max(diff, std::fabs(a.get(i) - b.get(i)));
-    scale = std::max(scale, std::fabs(b.get(i)));
-  }
-  return diff / scale;
 }
 
 void compare(const Case& c, double exact_tol, double grad_tol) {

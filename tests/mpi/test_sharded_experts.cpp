@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "layer_outcome.hpp"
 #include "moe/experts.hpp"
 #include "mpi_test_main.hpp"
 #include "util/random.hpp"
@@ -25,17 +26,15 @@
 namespace xmoe {
 namespace {
 
+using test::forward_backward;
+using test::max_rel_diff;
+using test::Outcome;
+using test::random_tensor;
+
 std::shared_ptr<Communicator> g_world;  // set once in main
 
 constexpr int64_t kModel = 16, kHidden = 24;
 constexpr double kTol = 1e-6;  // where partial sums are added in another order (see the file comment)
-
-Tensor random_tensor(const Shape& s, uint64_t seed) {
-  Tensor t = Tensor::empty(s, DType::f32);
-  CounterRng rng(seed);
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, rng.normal(static_cast<uint64_t>(i)));
-  return t;
-}
 
 struct Case {
   std::string expert = "ffn";
@@ -80,24 +79,11 @@ Switches switches_for(const Case& c) {
   return s;
 }
 
-struct Outcome {
-  Tensor y, dx;
-  double aux = 0;
-  std::vector<Tensor> grads;  // in parameters() order
-};
-
 Outcome step(const Case& c, MoeLayer& layer, int src, bool zero = true) {
   const int64_t T = tokens_of(c, src);
-  Tensor x = random_tensor({T, kModel}, 100 + static_cast<uint64_t>(src));
-  Tensor dy = random_tensor({T, kModel}, 200 + static_cast<uint64_t>(src));
-  if (zero) layer.zero_grad();
-  Outcome o;
-  ForwardResult f = layer.forward(x, switches_for(c));
-  o.y = f.y;
-  o.aux = f.aux_loss;
-  o.dx = layer.backward(dy, 0.5);
-  for (Parameter* p : layer.parameters()) o.grads.push_back(p->grad.clone());
-  return o;
+  return forward_backward(layer, random_tensor({T, kModel}, DType::f32, 100 + static_cast<uint64_t>(src)),
+                          random_tensor({T, kModel}, DType::f32, 200 + static_cast<uint64_t>(src)),
+                          switches_for(c), zero);
 }
 
 Tensor local_slice(const Tensor& whole, const std::string& name);
@@ -146,16 +132,6 @@ void randomize_biases(MoeLayer& layer, const MoeConfig& config, bool sharded) {
     for (int64_t i = 0; i < w.numel(); ++i) w.set(i, 0.1 * CounterRng(77).normal(static_cast<uint64_t>(i)));
     p->value.copy_from(sharded ? local_slice(w, p->name) : w);
   }
-}
-
-double max_rel_diff(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.numel(), b.numel());
-  double diff = 0, scale = 1e-30;
-  for (int64_t i = 0; i < b.numel() && i < a.numel(); ++i) {
-    diff = std::max(diff, std::fabs(a.get(i) - b.get(i)));
-    scale = std::max(scale, std::fabs(b.get(i)));
-  }
-  return diff / scale;
 }
 
 // The expert-sharded configurations this world size allows: E < W with W % E == 0.
@@ -228,7 +204,7 @@ TEST(ShardedExperts, DropsAtCapacityFactorBelowOne) {
     c.experts = E, c.cf = 0.5, c.r = g_world->size() / E;
     compare(c);
     MoeLayer layer(config_for(c), g_world);
-    layer.forward(random_tensor({tokens_of(c, g_world->rank()), kModel}, 5), switches_for(c));
+    layer.forward(random_tensor({tokens_of(c, g_world->rank()), kModel}, DType::f32, 5), switches_for(c));
     EXPECT_GT(layer.last_routing().dropped, 0) << describe(c) << ": the case should drop tokens";
   }
 }
@@ -244,9 +220,9 @@ TEST(ShardedExperts, OverlapDegreeGivesIdenticalBits) {
       Outcome a = step(c, one, g_world->rank());
       Switches sw = switches_for(c);
       sw.a2a_overlap_degree = 2;
-      Tensor x = random_tensor({tokens_of(c, g_world->rank()), kModel},
+      Tensor x = random_tensor({tokens_of(c, g_world->rank()), kModel}, DType::f32,
                                100 + static_cast<uint64_t>(g_world->rank()));
-      Tensor dy = random_tensor({tokens_of(c, g_world->rank()), kModel},
+      Tensor dy = random_tensor({tokens_of(c, g_world->rank()), kModel}, DType::f32,
                                 200 + static_cast<uint64_t>(g_world->rank()));
       two.zero_grad();
       const Tensor y = two.forward(x, sw).y;
@@ -326,7 +302,7 @@ TEST(ShardedExperts, CheckpointReshardKeepsOutputs) {
               << describe(c) << ": scatter + gather changed " << a.parameters()[i]->name;
       }
       g_world->barrier();
-      Tensor x = random_tensor({20, kModel}, 300 + static_cast<uint64_t>(rank));
+      Tensor x = random_tensor({20, kModel}, DType::f32, 300 + static_cast<uint64_t>(rank));
       const Tensor y = layer.forward(x, switches_for(c)).y;
       MoeLayer single(config_for(c));
       single.load(stem + "-merged.safetensors");
@@ -362,7 +338,7 @@ TEST(ShardedExperts, InvalidRAndSplitsNameTheField) {
   MoeLayer layer(config_for(c), g_world);  // E = 1: sc = W
   Switches bad = switches_for(c);
   bad.adaptive_r = W + 1;
-  Tensor x = random_tensor({8, kModel}, 1);
+  Tensor x = random_tensor({8, kModel}, DType::f32, 1);
   expect_error([&] { layer.forward(x, bad); }, "adaptive_r");
   if (W == 4) {
     bad.adaptive_r = 3;
