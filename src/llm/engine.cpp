@@ -146,6 +146,7 @@ std::vector<Engine::ScheduledChunk> Engine::schedule() {
 bool Engine::step() {
   if (idle()) return false;
   const auto start = std::chrono::steady_clock::now();
+  uint64_t step_weight_bytes = 0;
   const std::vector<ScheduledChunk> chunks = schedule();
   std::vector<SequenceChunk> batch;
   batch.reserve(chunks.size());
@@ -157,7 +158,9 @@ bool Engine::step() {
     batch.push_back({*s.cache_seq, std::span<const int32_t>(s.tokens.data() + s.computed, c.length), false});
   }
   if (!batch.empty()) {
+    const uint64_t bytes_before = model_.weight_bytes_read();
     model_.forward(batch, cache_, logits_);
+    step_weight_bytes = model_.weight_bytes_read() - bytes_before;
     const int64_t vocab = model_.config().vocab_size;
     XMOE_CHECK(logits_.size() == batch.size() * static_cast<size_t>(vocab), "engine: the model returned ",
                logits_.size(), " logits for ", batch.size(), " chunks of vocabulary ", vocab);
@@ -182,6 +185,7 @@ bool Engine::step() {
     ++stats_.decode_steps;
     stats_.decode_tokens += decode_tokens;
     stats_.decode_seconds += seconds;
+    stats_.decode_weight_bytes += step_weight_bytes;
   }
 
   bool any_finished = false;

@@ -87,10 +87,12 @@ struct EngineOptions {
 struct EngineStats {
   int64_t steps = 0;
   int64_t prefill_steps = 0, decode_steps = 0;
-  int64_t prefill_tokens = 0;    // prompt (and recomputed) tokens fed
-  double prefill_seconds = 0;    // steps that fed any prefill token
-  int64_t decode_tokens = 0;     // tokens fed by decode-only steps
-  double decode_seconds = 0;     // decode-only steps
+  int64_t prefill_tokens = 0;  // prompt (and recomputed) tokens fed
+  double prefill_seconds = 0;  // steps that fed any prefill token
+  int64_t decode_tokens = 0;   // tokens fed by decode-only steps
+  double decode_seconds = 0;   // decode-only steps
+  // Weights the model read in decode-only steps (CausalLM::weight_bytes_read).
+  uint64_t decode_weight_bytes = 0;
   int64_t generated_tokens = 0;  // all sampled tokens
   int64_t preemptions = 0;
   int max_batch_sequences = 0;  // most sequences in one step

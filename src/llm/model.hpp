@@ -40,6 +40,9 @@ class CausalLM {
   // Bytes of weights a decode step of one token reads (attention, router, k experts per MoE layer, norms,
   // lm_head): for the bandwidth figure of the benchmark.
   virtual size_t weight_bytes_per_token() const = 0;
+  // Bytes of weights every forward so far has read: each matrix once per forward, each MoE layer's experts
+  // that any token of the step chose once, and the tokens' embedding rows (what a step streams from memory).
+  virtual uint64_t weight_bytes_read() const = 0;
 };
 
 // Picks the architecture from config.json's "architectures" (throws naming the unknown one).

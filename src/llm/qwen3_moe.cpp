@@ -122,26 +122,19 @@ class Qwen3Moe final : public CausalLM {
   DType dtype() const override { return dtype_; }
 
   size_t weight_bytes_per_token() const override {
-    const size_t elem = dtype_size(dtype_);
-    size_t bytes = static_cast<size_t>(cfg_.hidden_size) * elem;  // the token's embedding row
-    bytes +=
-        (cfg_.tie_word_embeddings ? embed_.bytes() : lm_head_.bytes()) + final_norm_.size() * sizeof(float);
-    const size_t expert = 3 * static_cast<size_t>(cfg_.moe_intermediate_size * cfg_.hidden_size) * elem;
-    for (const Layer& L : layers_) {
-      bytes += (L.input_norm.size() + L.post_norm.size() + L.q_norm.size() + L.k_norm.size()) * sizeof(float);
-      bytes += L.qkv.bytes() + L.o.bytes();
-      if (L.sparse)
-        bytes += L.router.bytes() + static_cast<size_t>(cfg_.num_experts_per_tok) * expert;
-      else
-        bytes += L.gate_up.bytes() + L.down.bytes();
-    }
-    return bytes;
+    size_t sparse_layers = 0;
+    for (const Layer& L : layers_) sparse_layers += L.sparse ? 1 : 0;
+    return step_bytes_without_experts() + embedding_row_bytes() +
+           sparse_layers * static_cast<size_t>(cfg_.num_experts_per_tok) * expert_bytes();
   }
+
+  uint64_t weight_bytes_read() const override { return weight_bytes_read_; }
 
   void forward(std::span<const SequenceChunk> batch, KvCache& cache, std::vector<float>& logits) override {
     const int64_t H = cfg_.hidden_size, D = cfg_.head_dim, V = cfg_.vocab_size;
     const int Hq = cfg_.num_attention_heads, KV = cfg_.num_key_value_heads;
     check_batch(batch, cache);
+    weight_bytes_read_ += step_bytes_without_experts();
 
     // Token rows of the step: chunk c's tokens are rows [first[c], first[c+1]).
     std::vector<int64_t> first(batch.size() + 1, 0), start(batch.size());
@@ -150,6 +143,7 @@ class Qwen3Moe final : public CausalLM {
       start[c] = cache.length(batch[c].seq);
     }
     const int64_t T = first.back();
+    weight_bytes_read_ += static_cast<uint64_t>(T) * embedding_row_bytes();
     std::vector<int64_t> chunk_of(static_cast<size_t>(T));
     for (size_t c = 0; c < batch.size(); ++c)
       std::fill(chunk_of.begin() + first[c], chunk_of.begin() + first[c + 1], static_cast<int64_t>(c));
@@ -231,6 +225,24 @@ class Qwen3Moe final : public CausalLM {
   }
 
  private:
+  size_t embedding_row_bytes() const {
+    return static_cast<size_t>(cfg_.hidden_size) * dtype_size(dtype_);
+  }
+  size_t expert_bytes() const {
+    return 3 * static_cast<size_t>(cfg_.moe_intermediate_size * cfg_.hidden_size) * dtype_size(dtype_);
+  }
+  // What every step reads whatever its tokens: attention, routers, dense MLPs, norms and the lm_head.
+  size_t step_bytes_without_experts() const {
+    size_t bytes =
+        (cfg_.tie_word_embeddings ? embed_.bytes() : lm_head_.bytes()) + final_norm_.size() * sizeof(float);
+    for (const Layer& L : layers_) {
+      bytes += (L.input_norm.size() + L.post_norm.size() + L.q_norm.size() + L.k_norm.size()) * sizeof(float);
+      bytes += L.qkv.bytes() + L.o.bytes();
+      bytes += L.sparse ? L.router.bytes() : L.gate_up.bytes() + L.down.bytes();
+    }
+    return bytes;
+  }
+
   void report(size_t bytes) {
     loaded_bytes_ += bytes;
     if (progress_) progress_(std::min(loaded_bytes_, total_bytes_), total_bytes_);
@@ -378,6 +390,10 @@ class Qwen3Moe final : public CausalLM {
     ids_.resize(static_cast<size_t>(T * k));
     weights_.resize(static_cast<size_t>(T * k));
     llm_route(router_, router_logits, nullptr, T, ids_.data(), weights_.data());
+    expert_chosen_.assign(static_cast<size_t>(E), 0);
+    for (int32_t id : ids_) expert_chosen_[static_cast<size_t>(id)] = 1;
+    weight_bytes_read_ +=
+        static_cast<uint64_t>(std::count(expert_chosen_.begin(), expert_chosen_.end(), 1)) * expert_bytes();
     if (auto* f = std::get_if<std::unique_ptr<moe::RoutedExperts<float>>>(&L.experts)) {
       (*f)->forward(x, T, k, ids_.data(), weights_.data(), y);
     } else {
@@ -400,6 +416,8 @@ class Qwen3Moe final : public CausalLM {
   std::vector<Layer> layers_;
   ProgressFn progress_;
   size_t loaded_bytes_ = 0, total_bytes_ = 0;
+  uint64_t weight_bytes_read_ = 0;
+  std::vector<char> expert_chosen_;  // by expert, in the MoE layer being run
 
   Buffer<float> hidden_, normed_, qkv_, attn_, proj_, mlp_, act_, router_logits_;
   Buffer<bf16> x_bf16_;

@@ -37,9 +37,12 @@ class ToyModel final : public CausalLM {
   const ModelConfig& config() const override { return config_; }
   DType dtype() const override { return DType::f32; }
   size_t weight_bytes_per_token() const override { return 1000; }
+  uint64_t weight_bytes_read() const override { return bytes_read_; }
 
   void forward(std::span<const SequenceChunk> batch, KvCache& cache, std::vector<float>& logits) override {
     ++calls;
+    bytes_read_ += 1000;  // a step's weights, plus one byte per token
+    for (const SequenceChunk& chunk : batch) bytes_read_ += chunk.tokens.size();
     bool has_prefill = false, has_decode = false;
     logits.assign(batch.size() * kVocab, 0.0f);
     for (size_t c = 0; c < batch.size(); ++c) {
@@ -77,6 +80,7 @@ class ToyModel final : public CausalLM {
   int mixed_calls = 0;
 
  private:
+  uint64_t bytes_read_ = 0;
   ModelConfig config_;
 };
 
@@ -203,6 +207,10 @@ TEST(Engine, ContinuousBatchingEqualsRunningEachRequestAlone) {
   EXPECT_GT(engine.stats().max_batch_sequences, 2);
   EXPECT_EQ(engine.stats().prefill_tokens, prompt_tokens);
   EXPECT_EQ(engine.stats().preemptions, 0);
+  // Only decode-only steps count toward the decode bandwidth: 1000 bytes a step plus one a token (ToyModel).
+  const EngineStats& st = engine.stats();
+  EXPECT_GT(st.decode_steps, 0);
+  EXPECT_EQ(st.decode_weight_bytes, static_cast<uint64_t>(1000 * st.decode_steps + st.decode_tokens));
   EXPECT_TRUE(engine.idle());
   EXPECT_EQ(engine.kv_cache().free_blocks(), engine.kv_cache().total_blocks());
 }

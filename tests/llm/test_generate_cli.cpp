@@ -2,6 +2,7 @@
 // tools/make_fixtures.py), text generation end to end on a checkpoint made by `xmoe init-model`, and errors.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -83,6 +84,17 @@ TEST(GenerateCli, BatchOfTheSamePromptReportsAggregateDecode) {
   EXPECT_EQ(generated_ids(r.output), join(i32_tensor(expected, "p1.greedy")));
   EXPECT_NE(r.output.find("prompt 11 tokens x 3 sequences"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tokens/s aggregate"), std::string::npos) << r.output;
+  // Three copies of one prompt choose the same experts: a step reads what one sequence does (plus two
+  // embedding rows, well under the printed precision).
+  double step_mb = 0, single_mb = 0;
+  const size_t at = r.output.find("weights read per decode step: ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  ASSERT_EQ(std::sscanf(r.output.c_str() + at, "weights read per decode step: %lf MB (%lf MB at batch 1)",
+                        &step_mb, &single_mb),
+            2)
+      << r.output;
+  EXPECT_GT(single_mb, 0.0);
+  EXPECT_NEAR(step_mb, single_mb, 0.0100001) << r.output;
 }
 
 TEST(GenerateCli, SeededSamplingDoesNotDependOnThreadsOrBatch) {

@@ -335,6 +335,37 @@ TEST(Qwen3Moe, WeightBytesPerToken) {
   EXPECT_EQ(l.model->weight_bytes_per_token(), expected);
 }
 
+// A step reads every matrix once and each MoE layer's chosen experts once, however many tokens chose them.
+TEST(Qwen3Moe, WeightBytesReadCountsEachChosenExpertOnce) {
+  Loaded l = load("tied-sparse", DType::bf16);
+  CausalLM& m = *l.model;
+  const size_t H = 64, row = 2 * H, expert = 2 * 3 * 16 * H, per_token = m.weight_bytes_per_token();
+  const size_t without_experts = per_token - row - 2 * 2 * expert;  // 2 sparse layers, k = 2
+  KvCache cache(m.kv_cache_shape(), m.dtype(), kCacheBudget, 4);
+  std::vector<float> logits;
+  auto step_bytes = [&](const std::vector<std::vector<int32_t>>& prompts) {
+    std::vector<SequenceChunk> batch;
+    for (const auto& p : prompts) {
+      const SequenceId seq = cache.create_sequence();
+      EXPECT_TRUE(cache.reserve(seq, static_cast<int64_t>(p.size())));
+      batch.push_back({seq, p, false});
+    }
+    const uint64_t before = m.weight_bytes_read();
+    m.forward(batch, cache, logits);
+    return m.weight_bytes_read() - before;
+  };
+  // One token: exactly the per-token figure (its k experts are distinct).
+  EXPECT_EQ(step_bytes({{7}}), per_token);
+  // Two sequences of the same first token route identically: one more embedding row, no more experts.
+  EXPECT_EQ(step_bytes({{7}, {7}}), per_token + row);
+  // Many different tokens choose more experts, but never more than all 8 of a layer.
+  std::vector<int32_t> many;
+  for (int32_t t = 0; t < 40; ++t) many.push_back(t * 5 + 1);
+  const uint64_t b = step_bytes({many});
+  EXPECT_GT(b, per_token + 39 * row);
+  EXPECT_LE(b, without_experts + 40 * row + 2 * 8 * expert);
+}
+
 TEST(Qwen3Moe, BadInputThrowsNamingIt) {
   Loaded l = load("tied-sparse", DType::f32);
   CausalLM& m = *l.model;

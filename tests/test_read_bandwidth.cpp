@@ -1,0 +1,31 @@
+// The read-bandwidth probe that `xmoe generate --measure-bandwidth` reports decode against.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "kernels/read_bandwidth.hpp"
+#include "xmoe/error.hpp"
+
+namespace xmoe {
+namespace {
+
+TEST(ReadBandwidth, RateIsBytesPerPassTime) {
+  // The median pass fits inside the whole call, so its rate is at least bytes / elapsed; and no machine reads
+  // 64 MiB from DRAM at 10 TB/s, which catches a rate off by a unit.
+  const size_t bytes = size_t{64} << 20;
+  const auto t0 = std::chrono::steady_clock::now();
+  const double gbs = kernels::measure_read_bandwidth_gbs(bytes, 3);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(std::isfinite(gbs));
+  EXPECT_GE(gbs, static_cast<double>(bytes) / s / 1e9);
+  EXPECT_LT(gbs, 10000.0);
+}
+
+TEST(ReadBandwidth, RejectsSmallBuffersAndNoPasses) {
+  EXPECT_THROW(kernels::measure_read_bandwidth_gbs(size_t{1} << 20, 1), Error);
+  EXPECT_THROW(kernels::measure_read_bandwidth_gbs(size_t{64} << 20, 0), Error);
+}
+
+}  // namespace
+}  // namespace xmoe
