@@ -134,29 +134,6 @@ void ExpertParallelStage<S>::timed(Fn&& fn) {
 }
 
 template <class S>
-template <class In, class Out, class Compute, class AfterCompute, class Land>
-void ExpertParallelStage<S>::run_chunk_pipeline(int D, const ChunkedExchange<In>& in,
-                                                const ChunkedExchange<Out>& out, Compute&& compute,
-                                                AfterCompute&& after_compute, Land&& land) {
-  const auto post = [&]<class T>(const ChunkedExchange<T>& x, int d) {
-    return group_.all_to_all_async(x.send + d * x.chunk, x.recv + d * x.chunk, x.count, element_type_of<T>());
-  };
-  std::vector<std::unique_ptr<CommRequest>> inbound(static_cast<size_t>(D)), outbound(static_cast<size_t>(D));
-  inbound[0] = post(in, 0);
-  for (int d = 0; d < D; ++d) {
-    timed([&] { inbound[static_cast<size_t>(d)]->wait(); });
-    if (d + 1 < D) inbound[static_cast<size_t>(d) + 1] = post(in, d + 1);
-    compute(d);
-    outbound[static_cast<size_t>(d)] = post(out, d);
-  }
-  after_compute();
-  for (int d = 0; d < D; ++d) {
-    timed([&] { outbound[static_cast<size_t>(d)]->wait(); });
-    land(d);
-  }
-}
-
-template <class S>
 void ExpertParallelStage<S>::all_to_all(const void* send, void* recv, size_t count, ElementType type) {
   const auto t0 = std::chrono::steady_clock::now();
   if (two_dim_)
@@ -191,7 +168,7 @@ void ExpertParallelStage<S>::forward(const Ops<S>& ops, const S* disp, int64_t C
   }
   if (overlap > 1 && local_.supports_row_ranges() && C % overlap == 0 && C > 0) {
     overlap_ = overlap;
-    forward_overlapped(ops, disp, overlap, yd);
+    forward_in_chunks(ops, disp, local_, 0, yd);
     return;
   }
   const int64_t R = static_cast<int64_t>(E_) * C;  // == L·W·C rows on every rank
@@ -208,21 +185,22 @@ void ExpertParallelStage<S>::forward(const Ops<S>& ops, const S* disp, int64_t C
   all_to_all(back, yd, static_cast<size_t>(L_ * C * O_), st);
 }
 
-// Rows in D chunks, for whole experts (b = 0: slots [d·Cd, (d+1)·Cd) of every expert) or sharded ones (b ≥ 1:
-// rows [d·Cd, (d+1)·Cd) of every destination's block of Cb = C/b slots). Chunk d's rows land where the
-// unchunked path puts them ([L][W][C] or [source][Cb]), `run_rows()` computes the rows in ranges_, and the
-// results come home into dst's slots; a sharded expert's partial outputs are summed in the unchunked path's
-// part order. Every row is computed and summed exactly as without chunks, so results are bit-identical to
-// D = 1.
+// Rows of `ex` in D = overlap_ chunks, for whole experts (b = 0: slots [d·Cd, (d+1)·Cd) of every expert) or
+// sharded ones (b ≥ 1: rows [d·Cd, (d+1)·Cd) of every destination's block of Cb = C/b slots). Chunk d's
+// all-to-all is in flight while chunk d−1's rows run (`run_rows()` on the rows in ranges_), and each chunk's
+// results start home as soon as they exist; `after_rows()` runs while the last chunks travel. Rows land where
+// the unchunked path puts them ([L][W][C] or [source][Cb]) and a sharded expert's partial outputs are summed
+// in the unchunked path's part order, so results are bit-identical to D = 1.
 template <class S>
 template <class Out, class RunRows, class AfterRows>
-void ExpertParallelStage<S>::exchange_in_chunks(int D, int b, const S* src, int64_t in_w, S* local_in,
+void ExpertParallelStage<S>::exchange_in_chunks(int b, const S* src, int64_t in_w, S* local_in,
                                                 Out* local_out, int64_t out_w, Buffer<Out>& back_buffer,
                                                 Buffer<Out>& back_recv_buffer, Out* dst, RunRows&& run_rows,
                                                 AfterRows&& after_rows) {
+  const int D = overlap_;
   const bool sharded = b > 0;
-  // Blocks per rank: L experts of C slots each, or one block of Cb slots; a block's slots start at
-  // block_row(w, l) in the local buffers and at slot_of(w, l) in src/dst.
+  // Blocks per rank: L experts of C slots each, or one block of Cb slots; block (w, l) starts at row
+  // local_row(w, l) of the local buffers and at slot slot_of(w, l) of src/dst.
   const int64_t L = sharded ? 1 : L_, Cb = sharded ? C_ / b : C_, Cd = Cb / D, blocks = W_ * L;
   const auto local_row = [&](int64_t w, int64_t l) { return sharded ? w * Cb : (l * W_ + w) * C_; };
   const auto slot_of = [&](int64_t w, int64_t l) {
@@ -242,69 +220,78 @@ void ExpertParallelStage<S>::exchange_in_chunks(int D, int b, const S* src, int6
       for (int64_t l = 0; l < L; ++l)
         std::memcpy(static_cast<void*>(send + at(d, w, l, in_w)), src + (slot_of(w, l) + d * Cd) * in_w,
                     sizeof(S) * static_cast<size_t>(Cd * in_w));
-  run_chunk_pipeline(
-      D, ChunkedExchange<S>{send, recv, chunk_in, static_cast<size_t>(L * Cd * in_w)},
-      ChunkedExchange<Out>{back, back_recv, chunk_out, static_cast<size_t>(L * Cd * out_w)},
-      [&](int d) {
-        ranges_.clear();
-        for (int64_t w = 0; w < W_; ++w)
-          for (int64_t l = 0; l < L; ++l) {
-            const int64_t row = local_row(w, l) + d * Cd;
-            std::memcpy(static_cast<void*>(local_in + row * in_w), recv + at(d, w, l, in_w),
-                        sizeof(S) * static_cast<size_t>(Cd * in_w));
-            ranges_.push_back({l, row, row + Cd});
-          }
-        run_rows();
-        for (int64_t w = 0; w < W_; ++w)
-          for (int64_t l = 0; l < L; ++l)
-            std::memcpy(static_cast<void*>(back + at(d, w, l, out_w)),
-                        local_out + (local_row(w, l) + d * Cd) * out_w,
-                        sizeof(Out) * static_cast<size_t>(Cd * out_w));
-      },
-      after_rows,
-      [&](int d) {
-        for (int64_t w = 0; w < W_; ++w)
-          for (int64_t l = 0; l < L; ++l) {
-            Out* to = dst + (slot_of(w, l) + d * Cd) * out_w;
-            const Out* from = back_recv + at(d, w, l, out_w);
-            if (!sharded || (w % sc_) / b == 0)  // whole expert, or part 0 of a sharded one
-              std::memcpy(static_cast<void*>(to), from, sizeof(Out) * static_cast<size_t>(Cd * out_w));
-            else
-              for (int64_t i = 0; i < Cd * out_w; ++i)
-                to[i] = static_cast<Out>(static_cast<Acc>(to[i]) + static_cast<Acc>(from[i]));
-          }
-      });
+  const auto post_in = [&](int d) {
+    return group_.all_to_all_async(send + d * chunk_in, recv + d * chunk_in,
+                                   static_cast<size_t>(L * Cd * in_w), element_type_of<S>());
+  };
+  std::vector<std::unique_ptr<CommRequest>> inbound(static_cast<size_t>(D)), outbound(static_cast<size_t>(D));
+  inbound[0] = post_in(0);
+  for (int d = 0; d < D; ++d) {
+    timed([&] { inbound[static_cast<size_t>(d)]->wait(); });
+    if (d + 1 < D) inbound[static_cast<size_t>(d) + 1] = post_in(d + 1);
+    ranges_.clear();
+    for (int64_t w = 0; w < W_; ++w)
+      for (int64_t l = 0; l < L; ++l) {
+        const int64_t row = local_row(w, l) + d * Cd;
+        std::memcpy(static_cast<void*>(local_in + row * in_w), recv + at(d, w, l, in_w),
+                    sizeof(S) * static_cast<size_t>(Cd * in_w));
+        ranges_.push_back({l, row, row + Cd});
+      }
+    run_rows();
+    for (int64_t w = 0; w < W_; ++w)
+      for (int64_t l = 0; l < L; ++l)
+        std::memcpy(static_cast<void*>(back + at(d, w, l, out_w)),
+                    local_out + (local_row(w, l) + d * Cd) * out_w,
+                    sizeof(Out) * static_cast<size_t>(Cd * out_w));
+    outbound[static_cast<size_t>(d)] =
+        group_.all_to_all_async(back + d * chunk_out, back_recv + d * chunk_out,
+                                static_cast<size_t>(L * Cd * out_w), element_type_of<Out>());
+  }
+  after_rows();
+  for (int d = 0; d < D; ++d) {
+    timed([&] { outbound[static_cast<size_t>(d)]->wait(); });
+    for (int64_t w = 0; w < W_; ++w)
+      for (int64_t l = 0; l < L; ++l) {
+        Out* to = dst + (slot_of(w, l) + d * Cd) * out_w;
+        const Out* from = back_recv + at(d, w, l, out_w);
+        if (!sharded || (w % sc_) / b == 0)  // whole expert, or part 0 of a sharded one
+          std::memcpy(static_cast<void*>(to), from, sizeof(Out) * static_cast<size_t>(Cd * out_w));
+        else
+          for (int64_t i = 0; i < Cd * out_w; ++i)
+            to[i] = static_cast<Out>(static_cast<Acc>(to[i]) + static_cast<Acc>(from[i]));
+      }
+  }
 }
 
-// Capacity in D chunks: chunk d's all-to-all is in flight while chunk d−1's experts run, and each chunk's
-// outputs start home as soon as they exist. Every row is computed exactly as without chunks, so results are
-// bit-identical; rows land in the same [L][W][C] buffer, so backward is unchanged.
+// The forward's experts in overlap_ chunks (b as in exchange_in_chunks); rows land in the same buffers as
+// without chunks, so the backward does not depend on how the forward ran.
 template <class S>
-void ExpertParallelStage<S>::forward_overlapped(const Ops<S>& ops, const S* disp, int D, S* yd) {
-  const int64_t R = static_cast<int64_t>(E_) * C_;
+void ExpertParallelStage<S>::forward_in_chunks(const Ops<S>& ops, const S* disp, Experts<S>& ex, int b,
+                                               S* yd) {
+  const int64_t R = W_ * (b > 0 ? C_ / b : static_cast<int64_t>(L_) * C_);
   S* xl = x_local_.ensure(static_cast<size_t>(R * M_));
   S* yl = y_local_.ensure(static_cast<size_t>(R * O_));
   exchange_in_chunks(
-      D, 0, disp, M_, xl, yl, O_, chunk_back_, chunk_back_recv_, yd,
-      [&] { local_.forward_rows(ops, xl, ranges_, R, yl); }, [] {});
+      b, disp, M_, xl, yl, O_, chunk_back_, chunk_back_recv_, yd,
+      [&] { ex.forward_rows(ops, xl, ranges_, R, yl); }, [] {});
 }
 
-// Backward in the forward's D chunks: chunk d's dy all-to-all is in flight while chunk d−1's dx rows are
-// computed, and each chunk's dx starts home as soon as it exists; the parameter gradients, summed over all
-// rows in buffer order exactly as without chunks, then overlap the last chunks' transfers. Bit-identical to
-// D = 1.
+// Backward in the forward's chunks: dx rows per chunk, then the parameter gradients, summed over all rows in
+// buffer order exactly as without chunks, while the last chunks' dx travel.
 template <class S>
-void ExpertParallelStage<S>::backward_overlapped(const Ops<S>& ops, const S* dyd, Acc* dxd) {
-  const int64_t R = static_cast<int64_t>(E_) * C_;
+void ExpertParallelStage<S>::backward_in_chunks(const Ops<S>& ops, const S* dyd, Experts<S>& ex, int b,
+                                                Acc* dxd) {
+  const int L = b > 0 ? 1 : L_;
+  const int64_t rows_per_expert = W_ * (b > 0 ? C_ / b : C_), R = L * rows_per_expert;
   S* dyl = dy_local_.ensure(static_cast<size_t>(R * O_));
   Acc* dxl = dx_local_.ensure(static_cast<size_t>(R * M_));
   exchange_in_chunks(
-      overlap_, 0, dyd, O_, dyl, dxl, M_, dx_chunk_send_, dx_chunk_recv_, dxd,
-      [&] { local_.backward_rows(ops, x_local_.data(), dyl, ranges_, R, dxl); },
+      b, dyd, O_, dyl, dxl, M_, dx_chunk_send_, dx_chunk_recv_, dxd,
+      [&] { ex.backward_rows(ops, x_local_.data(), dyl, ranges_, R, dxl); },
       [&] {
-        std::vector<int64_t> offsets(static_cast<size_t>(L_) + 1);
-        for (int l = 0; l <= L_; ++l) offsets[static_cast<size_t>(l)] = l * W_ * C_;
-        local_.backward_params(ops, x_local_.data(), dyl, offsets);
+        std::vector<int64_t> offsets(static_cast<size_t>(L) + 1);
+        for (int l = 0; l <= L; ++l) offsets[static_cast<size_t>(l)] = l * rows_per_expert;
+        ex.backward_params(ops, x_local_.data(), dyl, offsets);
       });
 }
 
@@ -329,7 +316,7 @@ void ExpertParallelStage<S>::backward(const Ops<S>& ops, const S* disp, const S*
     return;
   }
   if (overlap_ > 1 && local_.supports_split_backward()) {
-    backward_overlapped(ops, dyd, dxd);
+    backward_in_chunks(ops, dyd, local_, 0, dxd);
     return;
   }
   S* dr = dy_recv_.ensure(static_cast<size_t>(R * O_));
@@ -424,7 +411,7 @@ void ExpertParallelStage<S>::forward_sharded(const Ops<S>& ops, const S* disp, i
   const int64_t C = C_, Cb = C / b, R = W_ * Cb;
   if (overlap > 1 && Cb > 0 && Cb % overlap == 0) {
     overlap_ = overlap;
-    forward_sharded_overlapped(ops, disp, *work.experts, b, yd);
+    forward_in_chunks(ops, disp, *work.experts, b, yd);
     return;
   }
   S* send = recv_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * M_)));
@@ -461,7 +448,7 @@ void ExpertParallelStage<S>::backward_sharded(const Ops<S>& ops, const S* dyd, A
   const int64_t C = C_, Cb = C / b, R = W_ * Cb;
   for (auto& p : work.params) p->grad.zero();
   if (overlap_ > 1 && work.experts->supports_split_backward()) {
-    backward_sharded_overlapped(ops, dyd, *work.experts, b, dxd);
+    backward_in_chunks(ops, dyd, *work.experts, b, dxd);
   } else {
     S* send = dy_recv_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * O_)));
     for (int w = 0; w < W_ && Cb > 0; ++w) {
@@ -505,35 +492,6 @@ void ExpertParallelStage<S>::backward_sharded(const Ops<S>& ops, const S* dyd, A
     }
     add_into(g.template data<Acc>(), sum, static_cast<int64_t>(n));
   }
-}
-
-// Sharded experts in D chunks: chunk d is rows [d·Cd, (d+1)·Cd) of every destination's block of Cb slots.
-// Rows land where the unchunked path puts them ([source][Cb]) and the partial outputs are summed in the same
-// part order, so the results are bit-identical to D = 1.
-template <class S>
-void ExpertParallelStage<S>::forward_sharded_overlapped(const Ops<S>& ops, const S* disp, Experts<S>& ex,
-                                                        int b, S* yd) {
-  const int64_t R = W_ * (C_ / b);
-  S* xl = x_local_.ensure(static_cast<size_t>(R * M_));
-  S* yl = y_local_.ensure(static_cast<size_t>(R * O_));
-  exchange_in_chunks(
-      overlap_, b, disp, M_, xl, yl, O_, chunk_back_, chunk_back_recv_, yd,
-      [&] { ex.forward_rows(ops, xl, ranges_, R, yl); }, [] {});
-}
-
-template <class S>
-void ExpertParallelStage<S>::backward_sharded_overlapped(const Ops<S>& ops, const S* dyd, Experts<S>& ex,
-                                                         int b, Acc* dxd) {
-  const int64_t R = W_ * (C_ / b);
-  S* dyl = dy_local_.ensure(static_cast<size_t>(R * O_));
-  Acc* dxl = dx_local_.ensure(static_cast<size_t>(R * M_));
-  exchange_in_chunks(
-      overlap_, b, dyd, O_, dyl, dxl, M_, dx_chunk_send_, dx_chunk_recv_, dxd,
-      [&] { ex.backward_rows(ops, x_local_.data(), dyl, ranges_, R, dxl); },
-      [&] {
-        const int64_t offsets[2] = {0, R};
-        ex.backward_params(ops, x_local_.data(), dyl, offsets);
-      });
 }
 
 template <class S>

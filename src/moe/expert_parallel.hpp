@@ -75,13 +75,9 @@ class ExpertParallelStage {
     std::unique_ptr<Experts<S>> experts;
   };
 
-  void forward_overlapped(const Ops<S>& ops, const S* disp, int overlap, S* yd);
   void forward_sharded(const Ops<S>& ops, const S* disp, int r, int overlap, S* yd);
-  void forward_sharded_overlapped(const Ops<S>& ops, const S* disp, Experts<S>& ex, int b, S* yd);
-  void backward_sharded_overlapped(const Ops<S>& ops, const S* dyd, Experts<S>& ex, int b, Acc* dxd);
   void backward_sharded(const Ops<S>& ops, const S* dyd, Acc* dxd);
   void backward_grouped(const Ops<S>& ops, const S* disp, const S* dyd, Acc* dxd);
-  void backward_overlapped(const Ops<S>& ops, const S* dyd, Acc* dxd);
   // Rows received as [source][local expert] ↔ the experts' order [local expert][source].
   template <class T>
   void regroup(const T* src, T* dst, int64_t width, bool to_experts) const;
@@ -93,24 +89,12 @@ class ExpertParallelStage {
   void all_to_all(const void* send, void* recv, size_t count, ElementType type);  // flat or 2DH, timed
   template <class Fn>
   void timed(Fn&& fn);
-  // One direction of a chunked exchange: D chunks of `chunk` elements, `count` of them per rank.
-  template <class T>
-  struct ChunkedExchange {
-    T* send;
-    T* recv;
-    int64_t chunk;
-    size_t count;
-  };
-  // The pipeline every overlapped path runs: chunk d's inbound all-to-all is in flight while `compute(d)`
-  // turns chunk d−1 into its result (packed into out.send), which starts home at once; `after_compute()` runs
-  // while the last results travel, then `land(d)` unpacks each returned chunk in order.
-  template <class In, class Out, class Compute, class AfterCompute, class Land>
-  void run_chunk_pipeline(int D, const ChunkedExchange<In>& in, const ChunkedExchange<Out>& out,
-                          Compute&& compute, AfterCompute&& after_compute, Land&& land);
-  // The overlapped paths' rows (whole experts: b = 0; sharded: b ≥ 1) through that pipeline.
+  // Overlapped chunks (overlap_ > 1) of whole experts (b = 0) or of a sharded layout's part (b ≥ 1).
+  void forward_in_chunks(const Ops<S>& ops, const S* disp, Experts<S>& ex, int b, S* yd);
+  void backward_in_chunks(const Ops<S>& ops, const S* dyd, Experts<S>& ex, int b, Acc* dxd);
   template <class Out, class RunRows, class AfterRows>
-  void exchange_in_chunks(int D, int b, const S* src, int64_t in_w, S* local_in, Out* local_out,
-                          int64_t out_w, Buffer<Out>& back_buffer, Buffer<Out>& back_recv_buffer, Out* dst,
+  void exchange_in_chunks(int b, const S* src, int64_t in_w, S* local_in, Out* local_out, int64_t out_w,
+                          Buffer<Out>& back_buffer, Buffer<Out>& back_recv_buffer, Out* dst,
                           RunRows&& run_rows, AfterRows&& after_rows);
 
   MoeConfig config_;
