@@ -14,12 +14,6 @@ int64_t checked_product(const std::string& name, const std::vector<int64_t>& sha
   return n;
 }
 
-}  // namespace
-
-int64_t PlannedTensor::numel() const { return checked_product(name, shape); }
-
-namespace {
-
 PlannedTensor random(std::string name, std::vector<int64_t> shape) {
   PlannedTensor t{std::move(name), std::move(shape), TensorInit::normal, {}};
   t.segments.push_back({t.name, t.numel()});
@@ -31,6 +25,8 @@ PlannedTensor constant(std::string name, std::vector<int64_t> shape, TensorInit 
 }
 
 }  // namespace
+
+int64_t PlannedTensor::numel() const { return checked_product(name, shape); }
 
 std::vector<PlannedTensor> qwen3_moe_tensors(const llm::ModelConfig& c, ExpertLayout layout) {
   const int64_t H = c.hidden_size, D = c.head_dim, E = c.num_experts, I = c.moe_intermediate_size;
@@ -68,8 +64,8 @@ std::vector<PlannedTensor> qwen3_moe_tensors(const llm::ModelConfig& c, ExpertLa
       } else {
         PlannedTensor gate_up{p + "mlp.experts.gate_up_proj", {E, 2 * I, H}, TensorInit::normal, {}};
         PlannedTensor down{p + "mlp.experts.down_proj", {E, H, I}, TensorInit::normal, {}};
+        const int64_t per_expert = checked_product(expert(0, "down_proj"), {H, I});
         for (int64_t j = 0; j < E; ++j) {
-          const int64_t per_expert = checked_product(expert(j, "down_proj"), {H, I});
           gate_up.segments.push_back({expert(j, "gate_proj"), per_expert});
           gate_up.segments.push_back({expert(j, "up_proj"), per_expert});
           down.segments.push_back({expert(j, "down_proj"), per_expert});
