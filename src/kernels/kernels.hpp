@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/cpu_features.hpp"
+#include "kernels/packed_weight.hpp"
 #include "xmoe/dtype.hpp"
 
 namespace xmoe::kernels {
@@ -67,6 +68,11 @@ struct KernelTable {
   // it). Every variant returns the reference's ids exactly.
   void (*topk_rows_f32)(const float* scores, int64_t rows, int64_t cols, int k, int32_t* ids,
                         int64_t ids_stride) = nullptr;
+
+  // Linear layers over a weight in any format (packed_weight.hpp), indexed by WeightFormat: f32 activations,
+  // weights decoded in registers. Every entry has a reference version; a level without its own variant
+  // takes the best one below it.
+  LinearFn linear[kWeightFormatCount] = {};
 };
 
 // The table for one level (throws xmoe::Error if this CPU/OS cannot run it).

@@ -1,0 +1,59 @@
+// A weight matrix as a checkpoint publishes it: its format is its own thing, separate from the activation
+// type the model computes in. Loaders produce PackedWeight views (bytes stay in the mapped checkpoint where
+// the layout allows); kernels consume them through the kernel table, keyed by (operation × format × ISA).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace xmoe::kernels {
+
+enum class WeightFormat : uint8_t {
+  f32,        // float32 elements
+  bf16,       // bfloat16 elements
+  f16,        // IEEE binary16 elements
+  fp8_block,  // float8_e4m3fn elements; one f32 multiplier per block_rows × block_cols block (DeepSeek
+              // 128×128)
+  mxfp4,      // E2M1 nibbles (element 2j = low nibble of byte j); one E8M0 scale per 1 × 32 block (OCP MX)
+  nvfp4,      // E2M1 nibbles (same order); one E4M3 scale per 1 × 16 block, times an f32 global scale
+};
+inline constexpr int kWeightFormatCount = 6;
+const char* weight_format_name(WeightFormat f);  // "f32", "bf16", "f16", "fp8_block", "mxfp4", "nvfp4"
+
+enum class ScaleType : uint8_t { none, f32, e8m0, e4m3 };
+
+// A read-only view of one [rows, cols] matrix in nn.Linear layout (row n = output n, column k = input k).
+// The bytes are owned elsewhere (the mapped checkpoint, or a buffer the loader keeps alive).
+struct PackedWeight {
+  WeightFormat format = WeightFormat::f32;
+  int64_t rows = 0, cols = 0;
+  const std::byte* data = nullptr;  // row r starts at data + r * row_bytes
+  int64_t row_bytes = 0;
+  // Block scales (none for f32/bf16/f16): element (r, c) is multiplied by
+  // scale[(r / block_rows) * scale_row_stride + c / block_cols], decoded from scale_type.
+  ScaleType scale_type = ScaleType::none;
+  const std::byte* scales = nullptr;
+  int64_t scale_row_stride = 0;  // in scale elements
+  int block_rows = 1, block_cols = 1;
+  float global_scale = 1.0f;  // multiplies every element (NVFP4's weight_scale_2); 1 for the other formats
+
+  // Bytes one full pass over the matrix reads (elements and scales), for bandwidth figures.
+  size_t bytes() const;
+  // Row r decoded to f32, exactly as PyTorch dequantises it (the reference decode; embeddings use it too).
+  void row_to_f32(int64_t r, float* out) const;
+};
+
+// y[i, n] = Σ_k x[i, k] · W[n, k] for rows i in [0, m) and output columns n in [n0, n1); x is f32 with row
+// stride ldx, y f32 with row stride ldy. Single-threaded: callers split columns over threads
+// (kernels/linear.hpp). Determinism: each output's summation order depends only on k (never on m, n, the
+// column block or the thread count), so a sequence's results do not depend on the rest of its batch.
+struct LinearArgs {
+  const float* x = nullptr;
+  int64_t m = 0, ldx = 0;
+  const PackedWeight* w = nullptr;
+  int64_t n0 = 0, n1 = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+using LinearFn = void (*)(const LinearArgs& args);
+
+}  // namespace xmoe::kernels
