@@ -1,3 +1,4 @@
+#include "kernels/cpu/linear_quant.hpp"
 #include "kernels/cpu/variants.hpp"
 #include "xmoe/error.hpp"
 
@@ -21,6 +22,12 @@ namespace {
   t.dot_bf16_f32 = ns::dot_bf16_f32;                   \
   t.topk_rows_f32 = ns::topk_rows_f32;
 
+// The block-quantized formats' linears (kernels/cpu/linear_quant_*.cpp).
+#define XMOE_FILL_QUANT_LINEARS(ns)                                           \
+  t.linear[static_cast<int>(WeightFormat::fp8_block)] = ns::linear_fp8_block; \
+  t.linear[static_cast<int>(WeightFormat::mxfp4)] = ns::linear_mxfp4;         \
+  t.linear[static_cast<int>(WeightFormat::nvfp4)] = ns::linear_nvfp4;
+
 KernelTable make_reference() {
   KernelTable t;
   t.isa = Isa::reference;
@@ -28,6 +35,7 @@ KernelTable make_reference() {
   t.gemm_bf16 = reference::gemm_bf16;
   t.gemm_f64 = reference::gemm_f64;
   XMOE_FILL_ELEMENTWISE(reference)
+  XMOE_FILL_QUANT_LINEARS(reference)
   return t;
 }
 
@@ -38,6 +46,7 @@ KernelTable make_avx2() {
   t.gemm_bf16 = avx2::gemm_bf16;
   t.gemm_f64 = reference::gemm_f64;
   XMOE_FILL_ELEMENTWISE(avx2)
+  XMOE_FILL_QUANT_LINEARS(reference)
   return t;
 }
 
@@ -48,6 +57,7 @@ KernelTable make_avx512() {
   t.gemm_bf16 = avx512::gemm_bf16;
   t.gemm_f64 = reference::gemm_f64;
   XMOE_FILL_ELEMENTWISE(avx512)
+  XMOE_FILL_QUANT_LINEARS(reference)
   return t;
 }
 
@@ -59,6 +69,7 @@ KernelTable make_avx512_bf16() {
 }
 
 #undef XMOE_FILL_ELEMENTWISE
+#undef XMOE_FILL_QUANT_LINEARS
 
 }  // namespace
 
