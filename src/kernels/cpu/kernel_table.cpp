@@ -46,7 +46,7 @@ KernelTable make_avx2() {
   t.gemm_bf16 = avx2::gemm_bf16;
   t.gemm_f64 = reference::gemm_f64;
   XMOE_FILL_ELEMENTWISE(avx2)
-  XMOE_FILL_QUANT_LINEARS(reference)
+  XMOE_FILL_QUANT_LINEARS(avx2)
   return t;
 }
 
@@ -57,7 +57,7 @@ KernelTable make_avx512() {
   t.gemm_bf16 = avx512::gemm_bf16;
   t.gemm_f64 = reference::gemm_f64;
   XMOE_FILL_ELEMENTWISE(avx512)
-  XMOE_FILL_QUANT_LINEARS(reference)
+  XMOE_FILL_QUANT_LINEARS(avx512)
   return t;
 }
 
