@@ -52,4 +52,18 @@ std::optional<PackedWeight> join_rows(std::span<const PackedWeight> parts) {
   return joined;
 }
 
+PackedWeight slice_rows(const PackedWeight& w, int64_t row0, int64_t rows) {
+  XMOE_CHECK(row0 >= 0 && rows >= 0 && row0 + rows <= w.rows && row0 % w.block_rows == 0,
+             "packed weight: rows [", row0, ", ", row0 + rows, ") of ", w.rows,
+             " are not a slice starting a block of ", w.block_rows);
+  PackedWeight s = w;
+  s.rows = rows;
+  s.data = w.data + row0 * w.row_bytes;
+  if (w.scale_type != ScaleType::none) {
+    const int64_t scale_size = w.scale_type == ScaleType::f32 ? 4 : 1;
+    s.scales = w.scales + row0 / w.block_rows * w.scale_row_stride * scale_size;
+  }
+  return s;
+}
+
 }  // namespace xmoe::kernels

@@ -25,4 +25,7 @@ inline void linear_forward(const KernelTable& table, const PackedWeight& w, cons
 // block scales, whose rows would need to line up with the blocks too).
 std::optional<PackedWeight> join_rows(std::span<const PackedWeight> parts);
 
+// Rows [row0, row0 + rows) of `w` as a view (scales included); row0 must start a block of scale rows.
+PackedWeight slice_rows(const PackedWeight& w, int64_t row0, int64_t rows);
+
 }  // namespace xmoe::kernels

@@ -90,8 +90,8 @@ class Qwen3Moe final : public CausalLM {
     const int64_t H = cfg_.hidden_size, D = cfg_.head_dim;
     const int64_t q_rows = cfg_.num_attention_heads * D, kv_rows = cfg_.num_key_value_heads * D;
 
-    embed_ = load_matrix(ckpt, "model.embed_tokens.weight", cfg_.vocab_size, H);
-    if (!cfg_.tie_word_embeddings) lm_head_ = load_matrix(ckpt, "lm_head.weight", cfg_.vocab_size, H);
+    embed_ = load_matrix("model.embed_tokens.weight", cfg_.vocab_size, H);
+    if (!cfg_.tie_word_embeddings) lm_head_ = load_matrix("lm_head.weight", cfg_.vocab_size, H);
     final_norm_ = load_norm(ckpt, "model.norm.weight", H);
 
     layers_.resize(static_cast<size_t>(cfg_.num_hidden_layers));
@@ -101,24 +101,24 @@ class Qwen3Moe final : public CausalLM {
       L.post_norm = load_norm(ckpt, layer_name(i, "post_attention_layernorm.weight"), H);
       L.q_norm = load_norm(ckpt, layer_name(i, "self_attn.q_norm.weight"), D);
       L.k_norm = load_norm(ckpt, layer_name(i, "self_attn.k_norm.weight"), D);
-      L.qkv = SideBySide({load_matrix(ckpt, layer_name(i, "self_attn.q_proj.weight"), q_rows, H),
-                          load_matrix(ckpt, layer_name(i, "self_attn.k_proj.weight"), kv_rows, H),
-                          load_matrix(ckpt, layer_name(i, "self_attn.v_proj.weight"), kv_rows, H)});
-      L.o = load_matrix(ckpt, layer_name(i, "self_attn.o_proj.weight"), H, q_rows);
+      L.qkv = SideBySide({load_matrix(layer_name(i, "self_attn.q_proj.weight"), q_rows, H),
+                          load_matrix(layer_name(i, "self_attn.k_proj.weight"), kv_rows, H),
+                          load_matrix(layer_name(i, "self_attn.v_proj.weight"), kv_rows, H)});
+      L.o = load_matrix(layer_name(i, "self_attn.o_proj.weight"), H, q_rows);
       L.sparse = cfg_.is_sparse_layer(i);
       if (L.sparse) {
         XMOE_CHECK(cfg_.moe_intermediate_size > 0 && cfg_.num_experts_per_tok >= 1 &&
                        cfg_.num_experts_per_tok <= cfg_.num_experts,
                    where,
                    "MoE layers need moe_intermediate_size > 0 and 1 <= num_experts_per_tok <= num_experts");
-        L.router = load_matrix(ckpt, layer_name(i, "mlp.gate.weight"), cfg_.num_experts, H);
+        L.router = load_matrix(layer_name(i, "mlp.gate.weight"), cfg_.num_experts, H);
         load_experts(ckpt, i, L);
       } else {
         const int64_t I = cfg_.intermediate_size;
         XMOE_CHECK(I > 0, where, "intermediate_size must be > 0 for the dense MLP of layer ", i);
-        L.gate_up = SideBySide({load_matrix(ckpt, layer_name(i, "mlp.gate_proj.weight"), I, H),
-                                load_matrix(ckpt, layer_name(i, "mlp.up_proj.weight"), I, H)});
-        L.down = load_matrix(ckpt, layer_name(i, "mlp.down_proj.weight"), H, I);
+        L.gate_up = SideBySide({load_matrix(layer_name(i, "mlp.gate_proj.weight"), I, H),
+                                load_matrix(layer_name(i, "mlp.up_proj.weight"), I, H)});
+        L.down = load_matrix(layer_name(i, "mlp.down_proj.weight"), H, I);
       }
     }
     router_.type = LlmRouterType::qwen3;
@@ -253,18 +253,20 @@ class Qwen3Moe final : public CausalLM {
     return bytes;
   }
 
-  void report(size_t bytes) {
-    loaded_bytes_ += bytes;
-    if (progress_) progress_(std::min(loaded_bytes_, total_bytes_), total_bytes_);
+  // Progress in checkpoint bytes: what the weight loader has looked at plus the norm vectors.
+  void report() {
+    const size_t done = weights_.checkpoint_bytes() + norm_bytes_;
+    if (progress_) progress_(std::min(done, total_bytes_), total_bytes_);
   }
-  PackedWeight load_matrix(const Checkpoint& ckpt, const std::string& name, int64_t rows, int64_t cols) {
+  PackedWeight load_matrix(const std::string& name, int64_t rows, int64_t cols) {
     PackedWeight w = weights_.matrix(name, rows, cols);
-    report(ckpt.weight(name).bytes.size());
+    report();
     return w;
   }
   std::vector<float> load_norm(const Checkpoint& ckpt, const std::string& name, int64_t n) {
     std::vector<float> v = load_vector(ckpt, name, n);
-    report(ckpt.weight(name).bytes.size());
+    norm_bytes_ += ckpt.weight(name).bytes.size();
+    report();
     return v;
   }
   // The experts as views: per-expert tensors, or slices of the fused gate_up_proj [E, 2I, H] (gate rows
@@ -284,15 +286,22 @@ class Qwen3Moe final : public CausalLM {
         experts[e].up.data += I * gate_up[e].row_bytes;
         experts[e].down = downs[e];
       }
-      report(ckpt.weight(fused).bytes.size() + ckpt.weight(down).bytes.size());
+      report();
     } else {
       for (int e = 0; e < E; ++e) {
         const std::string prefix = layer_name(i, std::string("mlp.experts.").append(std::to_string(e)) + ".");
         moe::SwigluWeights& w = experts[static_cast<size_t>(e)];
-        w.gate = load_matrix(ckpt, prefix + "gate_proj.weight", I, H);
-        w.up = load_matrix(ckpt, prefix + "up_proj.weight", I, H);
-        w.down = load_matrix(ckpt, prefix + "down_proj.weight", H, I);
+        w.gate = load_matrix(prefix + "gate_proj.weight", I, H);
+        w.up = load_matrix(prefix + "up_proj.weight", I, H);
+        w.down = load_matrix(prefix + "down_proj.weight", H, I);
       }
+    }
+    for (int e = 0; e < E; ++e) {
+      const moe::SwigluWeights& w = experts[static_cast<size_t>(e)];
+      XMOE_CHECK(w.gate.global_scale == w.up.global_scale, "checkpoint ", ckpt.dir(), ": layer ", i,
+                 " expert ", e, ": gate_proj and up_proj have different global scales (", w.gate.global_scale,
+                 " and ", w.up.global_scale,
+                 "); NVFP4 requires one shared weight_scale_2 / weight_global_scale");
     }
     L.experts = std::make_unique<moe::RoutedExperts>(std::move(experts), *table_);
   }
@@ -360,7 +369,7 @@ class Qwen3Moe final : public CausalLM {
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
   ProgressFn progress_;
-  size_t loaded_bytes_ = 0, total_bytes_ = 0;
+  size_t norm_bytes_ = 0, total_bytes_ = 0;
   uint64_t weight_bytes_read_ = 0;
   std::vector<char> expert_chosen_;  // by expert, in the MoE layer being run
 

@@ -2,22 +2,26 @@
 
 #include <omp.h>
 
+#include "kernels/linear.hpp"
+#include "llm/layers/quantized_views.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::llm {
 
 namespace {
 
-kernels::WeightFormat format_of(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::f32:
+kernels::WeightFormat format_of(TensorDType t) {
+  switch (t) {
+    case TensorDType::f32:
       return kernels::WeightFormat::f32;
-    case WeightFormat::bf16:
+    case TensorDType::bf16:
       return kernels::WeightFormat::bf16;
-    case WeightFormat::f16:
+    case TensorDType::f16:
       return kernels::WeightFormat::f16;
+    default:
+      break;
   }
-  return kernels::WeightFormat::f32;
+  throw Error("weights: dtype holds quantized codes, not values");
 }
 
 }  // namespace
@@ -32,9 +36,9 @@ kernels::PackedWeight WeightLoader::convert_or_map(const WeightView& view, int64
   w.rows = rows;
   w.cols = cols;
   const bool in_place =
-      dtype_ == DType::f32 ? view.format == WeightFormat::f32 : view.format != WeightFormat::f32;
+      dtype_ == DType::f32 ? view.dtype == TensorDType::f32 : view.dtype != TensorDType::f32;
   if (in_place) {
-    w.format = format_of(view.format);
+    w.format = format_of(view.dtype);
     w.data = view.bytes.data();
     w.row_bytes = static_cast<int64_t>(view.bytes.size()) / rows;
     return w;
@@ -62,21 +66,31 @@ kernels::PackedWeight WeightLoader::convert_or_map(const WeightView& view, int64
 }
 
 kernels::PackedWeight WeightLoader::matrix(const std::string& name, int64_t rows, int64_t cols) {
+  if (auto q = quantized_view(*ckpt_, name, rows > 0 ? rows : 1, cols)) {
+    checkpoint_bytes_ += q->bytes();
+    return *q;
+  }
   std::vector<int64_t> shape;
   if (rows > 0) shape.push_back(rows);
   shape.push_back(cols);
-  return convert_or_map(ckpt_->weight(name, shape), rows > 0 ? rows : 1, cols);
+  const WeightView view = ckpt_->weight(name, shape);
+  checkpoint_bytes_ += view.bytes.size();
+  return convert_or_map(view, rows > 0 ? rows : 1, cols);
 }
 
 std::vector<kernels::PackedWeight> WeightLoader::stacked(const std::string& name, int64_t count, int64_t rows,
                                                          int64_t cols) {
   const int64_t shape[] = {count, rows, cols};
-  const kernels::PackedWeight all = convert_or_map(ckpt_->weight(name, shape), count * rows, cols);
-  std::vector<kernels::PackedWeight> slices(static_cast<size_t>(count), all);
-  for (int64_t e = 0; e < count; ++e) {
-    slices[static_cast<size_t>(e)].rows = rows;
-    slices[static_cast<size_t>(e)].data = all.data + e * rows * all.row_bytes;
+  std::optional<kernels::PackedWeight> all = quantized_view(*ckpt_, name, rows, cols, count);
+  if (all) {
+    checkpoint_bytes_ += all->bytes();
+  } else {
+    const WeightView view = ckpt_->weight(name, shape);
+    checkpoint_bytes_ += view.bytes.size();
+    all = convert_or_map(view, count * rows, cols);
   }
+  std::vector<kernels::PackedWeight> slices;
+  for (int64_t e = 0; e < count; ++e) slices.push_back(kernels::slice_rows(*all, e * rows, rows));
   return slices;
 }
 

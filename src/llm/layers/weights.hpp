@@ -17,7 +17,8 @@ namespace xmoe::llm {
 class WeightLoader {
  public:
   // dtype: the model's dtype. f32 computes every float weight in f32 (converted exactly); bf16 reads BF16 and
-  // F16 tensors in place and rounds F32 ones to bf16.
+  // F16 tensors in place and rounds F32 ones to bf16. Quantized weights (quantized_views.hpp) are read in
+  // place whatever the dtype: activations are f32 and the kernels decode the codes.
   WeightLoader(const Checkpoint& ckpt, DType dtype);
   // Moving keeps every view valid (the owned buffers move, their bytes stay where they are).
   WeightLoader(WeightLoader&&) = default;
@@ -31,6 +32,8 @@ class WeightLoader {
 
   // Bytes copied into buffers of our own (0 when every weight is mapped in place).
   size_t owned_bytes() const { return owned_bytes_; }
+  // Checkpoint bytes of every weight loaded so far (codes and scales of quantized ones).
+  size_t checkpoint_bytes() const { return checkpoint_bytes_; }
 
  private:
   // `view` as a [rows, cols] matrix in the model's compute format, converting when needed.
@@ -39,7 +42,7 @@ class WeightLoader {
   const Checkpoint* ckpt_;
   DType dtype_;
   std::vector<std::unique_ptr<std::byte[]>> owned_;
-  size_t owned_bytes_ = 0;
+  size_t owned_bytes_ = 0, checkpoint_bytes_ = 0;
 };
 
 // A norm's weight vector [n] in f32 (norm weights stay f32 whatever the model dtype; exact from bf16).
