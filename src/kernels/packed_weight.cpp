@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "kernels/quant/block_scale.hpp"
+#include "kernels/quant/codecs.hpp"
 #include "xmoe/dtype.hpp"
 #include "xmoe/error.hpp"
 
@@ -82,8 +84,18 @@ void PackedWeight::row_to_f32(int64_t r, float* out) const {
         out[c] = half_to_float(h);
       }
       return;
-    default:
-      break;
+    case WeightFormat::fp8_block:
+      for (int64_t c = 0; c < cols; ++c)
+        out[c] = quant::e4m3_to_f32(static_cast<uint8_t>(p[c])) * quant::block_multiplier(*this, r, c);
+      return;
+    case WeightFormat::mxfp4:
+    case WeightFormat::nvfp4:
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint8_t byte = static_cast<uint8_t>(p[c / 2]);
+        out[c] =
+            quant::e2m1_to_f32(c % 2 == 0 ? byte & 0xF : byte >> 4) * quant::block_multiplier(*this, r, c);
+      }
+      return;
   }
   throw Error(std::string("packed weight: no decoder for format ") + weight_format_name(format));
 }

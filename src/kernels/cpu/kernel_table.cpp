@@ -1,3 +1,4 @@
+#include "kernels/cpu/linear_quant.hpp"
 #include "kernels/cpu/variants.hpp"
 #include "xmoe/error.hpp"
 
@@ -24,6 +25,12 @@ namespace {
   t.linear[size_t(WeightFormat::bf16)] = ns::linear_bf16; \
   t.linear[size_t(WeightFormat::f16)] = ns::linear_f16;
 
+// The block-quantized formats' linears (kernels/cpu/linear_quant_*.cpp).
+#define XMOE_FILL_QUANT_LINEARS(ns)                                           \
+  t.linear[static_cast<int>(WeightFormat::fp8_block)] = ns::linear_fp8_block; \
+  t.linear[static_cast<int>(WeightFormat::mxfp4)] = ns::linear_mxfp4;         \
+  t.linear[static_cast<int>(WeightFormat::nvfp4)] = ns::linear_nvfp4;
+
 KernelTable make_reference() {
   KernelTable t;
   t.isa = Isa::reference;
@@ -31,6 +38,7 @@ KernelTable make_reference() {
   t.gemm_bf16 = reference::gemm_bf16;
   t.gemm_f64 = reference::gemm_f64;
   XMOE_FILL_ELEMENTWISE(reference)
+  XMOE_FILL_QUANT_LINEARS(reference)
   return t;
 }
 
@@ -41,6 +49,7 @@ KernelTable make_avx2() {
   t.gemm_bf16 = avx2::gemm_bf16;
   t.gemm_f64 = reference::gemm_f64;
   XMOE_FILL_ELEMENTWISE(avx2)
+  XMOE_FILL_QUANT_LINEARS(avx2)
   return t;
 }
 
@@ -51,6 +60,7 @@ KernelTable make_avx512() {
   t.gemm_bf16 = avx512::gemm_bf16;
   t.gemm_f64 = reference::gemm_f64;
   XMOE_FILL_ELEMENTWISE(avx512)
+  XMOE_FILL_QUANT_LINEARS(avx512)
   return t;
 }
 
@@ -62,6 +72,7 @@ KernelTable make_avx512_bf16() {
 }
 
 #undef XMOE_FILL_ELEMENTWISE
+#undef XMOE_FILL_QUANT_LINEARS
 
 }  // namespace
 

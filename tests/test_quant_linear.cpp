@@ -1,0 +1,133 @@
+// The quantized linears' AVX2 / AVX-512 variants against the reference (kernels/cpu/linear_quant.hpp): bit
+// for bit over decode- and prefill-shaped row counts, column sub-ranges, k tails, padded leading dimensions,
+// NaN element and scale codes; and each output independent of the rest of its batch (its order depends only
+// on k). The reference itself is checked against PyTorch in test_quant_formats.cpp.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.hpp"
+#include "kernels/quant/quantize.hpp"
+#include "quant_fixture.hpp"
+
+namespace xmoe::kernels::quant {
+namespace {
+
+std::vector<float> random_values(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+QuantizedMatrix quantize(WeightFormat f, const std::vector<float>& w, int64_t rows, int64_t cols) {
+  if (f == WeightFormat::fp8_block) return quantize_fp8_block(w.data(), rows, cols);
+  if (f == WeightFormat::mxfp4) return quantize_mxfp4(w.data(), rows, cols);
+  return quantize_nvfp4(w.data(), rows, cols);
+}
+
+std::vector<Isa> vector_levels() {
+  const CpuFeatures f = detect_cpu_features();
+  std::vector<Isa> out;
+  for (const Isa isa : {Isa::avx2, Isa::avx512, Isa::avx512_bf16})
+    if (isa_supported(f, isa)) out.push_back(isa);
+  return out;
+}
+
+// y for rows [0, m) and columns [n0, n1) of every level; the caller compares them.
+std::vector<float> run(const KernelTable& t, const PackedWeight& w, const std::vector<float>& x, int64_t m,
+                       int64_t ldx, int64_t n0, int64_t n1, int64_t ldy) {
+  std::vector<float> y(static_cast<size_t>(m * ldy), 12345.0f);  // untouched outside [n0, n1)
+  t.linear[static_cast<int>(w.format)](LinearArgs{x.data(), m, ldx, &w, n0, n1, y.data(), ldy});
+  return y;
+}
+
+void expect_same(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!test::same_float(got[i], want[i]) && ++bad < 5)
+      ADD_FAILURE() << what << " at " << i << ": " << got[i] << " vs reference " << want[i];
+  EXPECT_EQ(bad, 0) << what;
+}
+
+struct Shape {
+  int64_t n, k;
+};
+
+void check_format(WeightFormat f, const std::vector<Shape>& shapes) {
+  const auto levels = vector_levels();
+  if (levels.empty()) GTEST_SKIP() << "no AVX2 on this CPU";
+  const CpuFeatures features = detect_cpu_features();
+  std::mt19937 rng(7);
+  for (const Shape s : shapes) {
+    auto wv = random_values(static_cast<size_t>(s.n * s.k), rng, 0.05f);
+    const QuantizedMatrix q = quantize(f, wv, s.n, s.k);
+    const PackedWeight w = q.view();
+    for (const int64_t m : {1, 2, 3, 7, 16, 33, 200}) {
+      if (m == 200 && s.n * s.k > 40000) continue;  // keep the reference's time small
+      const int64_t ldx = s.k + 3, ldy = s.n + 2;
+      const auto x = random_values(static_cast<size_t>(m * ldx), rng);
+      for (const auto [n0, n1] : {std::pair<int64_t, int64_t>{0, s.n}, {s.n / 3, s.n - s.n / 4}}) {
+        if (n0 >= n1) continue;
+        const auto want = run(reference_kernel_table(), w, x, m, ldx, n0, n1, ldy);
+        for (const Isa isa : levels) {
+          const std::string what = std::string(weight_format_name(f)) + " " + isa_name(isa) +
+                                   " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) +
+                                   " m=" + std::to_string(m) + " cols [" + std::to_string(n0) + ", " +
+                                   std::to_string(n1) + ")";
+          expect_same(run(kernel_table(isa, features), w, x, m, ldx, n0, n1, ldy), want, what);
+        }
+        // One row alone gives the bits it gets inside the batch.
+        if (m > 1) {
+          const std::vector<float> x_last(x.end() - ldx, x.end());
+          const auto alone = run(best_kernel_table(features), w, x_last, 1, ldx, n0, n1, ldy);
+          const std::vector<float> in_batch(want.end() - ldy, want.end());
+          expect_same(alone, in_batch, std::string(weight_format_name(f)) + " last row alone");
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantLinear, Fp8BlockVariantsMatchReferenceBitForBit) {
+  check_format(WeightFormat::fp8_block, {{1, 16}, {9, 40}, {37, 136}, {130, 300}, {20, 1029}});
+}
+TEST(QuantLinear, Mxfp4VariantsMatchReferenceBitForBit) {
+  check_format(WeightFormat::mxfp4, {{1, 32}, {9, 96}, {37, 160}, {130, 320}, {20, 1024}});
+}
+TEST(QuantLinear, Nvfp4VariantsMatchReferenceBitForBit) {
+  check_format(WeightFormat::nvfp4, {{1, 16}, {9, 48}, {37, 80}, {130, 304}, {20, 1040}});
+}
+
+// NaN element codes (E4M3 0x7F) and NaN scales (E8M0 0xFF) poison exactly the outputs they feed, in every
+// variant alike; an infinite FP8 scale in a k tail block does not leak into masked lanes.
+TEST(QuantLinear, NaNCodesAndScales) {
+  const CpuFeatures features = detect_cpu_features();
+  std::mt19937 rng(11);
+  const int64_t n = 6, k = 40;
+  auto fp8 = quantize_fp8_block(random_values(n * k, rng).data(), n, k, false, 16);
+  fp8.data[2 * k + 5] = 0x7F;  // row 2
+  const float inf = INFINITY;
+  std::memcpy(fp8.scales.data() + 4 * (0 * 3 + 2), &inf, 4);  // rows 0..15, columns 32..39 (the tail block)
+  auto mx = quantize_mxfp4(random_values(n * 64, rng).data(), n, 64);
+  mx.scales[4 * 2 + 1] = 0xFF;  // row 4, second block
+  for (const QuantizedMatrix* q : {&fp8, &mx}) {
+    const PackedWeight w = q->view();
+    const auto x = random_values(static_cast<size_t>(3 * w.cols), rng);
+    const auto want = run(reference_kernel_table(), w, x, 3, w.cols, 0, n, n);
+    for (int64_t i = 0; i < 3; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        const bool poisoned = q == &mx ? j == 4 : true;  // an infinite scale times a nonzero weight
+        EXPECT_EQ(std::isnan(want[i * n + j]) || std::isinf(want[i * n + j]), poisoned) << i << ", " << j;
+      }
+    for (const Isa isa : vector_levels())
+      expect_same(run(kernel_table(isa, features), w, x, 3, w.cols, 0, n, n), want,
+                  std::string("NaN case ") + weight_format_name(w.format) + " " + isa_name(isa));
+  }
+}
+
+}  // namespace
+}  // namespace xmoe::kernels::quant
