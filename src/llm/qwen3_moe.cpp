@@ -10,6 +10,7 @@
 #include "kernels/kernels.hpp"
 #include "kernels/linear.hpp"
 #include "llm/layers/attention.hpp"
+#include "llm/layers/quantized_views.hpp"
 #include "llm/layers/rmsnorm.hpp"
 #include "llm/layers/rope.hpp"
 #include "llm/layers/weights.hpp"
@@ -276,14 +277,13 @@ class Qwen3Moe final : public CausalLM {
     const int64_t H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
     std::vector<moe::SwigluWeights> experts(static_cast<size_t>(E));
     const std::string fused = layer_name(i, "mlp.experts.gate_up_proj");
-    if (ckpt.contains(fused)) {
+    if (holds_linear(ckpt, fused)) {
       const std::string down = layer_name(i, "mlp.experts.down_proj");
       const std::vector<PackedWeight> gate_up = weights_.stacked(fused, E, 2 * I, H);
       const std::vector<PackedWeight> downs = weights_.stacked(down, E, H, I);
       for (size_t e = 0; e < experts.size(); ++e) {
-        experts[e].gate = experts[e].up = gate_up[e];
-        experts[e].gate.rows = experts[e].up.rows = I;
-        experts[e].up.data += I * gate_up[e].row_bytes;
+        experts[e].gate = kernels::slice_rows(gate_up[e], 0, I);
+        experts[e].up = kernels::slice_rows(gate_up[e], I, I);
         experts[e].down = downs[e];
       }
       report();

@@ -102,6 +102,11 @@ PackedWeight view(WeightFormat format, int64_t rows, int64_t cols, const WeightV
 
 }  // namespace
 
+bool holds_linear(const Checkpoint& ckpt, const std::string& name) {
+  return ckpt.contains(name) || ckpt.contains(name + "_blocks") ||
+         ckpt.contains(module_of(name) + ".weight_packed");
+}
+
 std::optional<PackedWeight> quantized_view(const Checkpoint& ckpt, const std::string& name, int64_t rows,
                                            int64_t cols, int64_t count) {
   const QuantizationConfig& q = ckpt.quantization();

@@ -19,4 +19,8 @@ namespace xmoe::llm {
 std::optional<kernels::PackedWeight> quantized_view(const Checkpoint& ckpt, const std::string& name,
                                                     int64_t rows, int64_t cols, int64_t count = 0);
 
+// Whether the checkpoint holds the linear `name` in any layout: plain or quantized under `name`, or as
+// quantized tensors named after it (<name>_blocks, <module>.weight_packed).
+bool holds_linear(const Checkpoint& ckpt, const std::string& name);
+
 }  // namespace xmoe::llm
