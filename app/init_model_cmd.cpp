@@ -18,8 +18,10 @@
 
 #include "byte_level_tokenizer_writer.hpp"
 #include "cli_checks.hpp"
+#include "kernels/quant/quantize.hpp"
 #include "llm/model_config.hpp"
 #include "llm/progress_bar.hpp"
+#include "quant_checkpoint.hpp"
 #include "qwen3_moe_tensors.hpp"
 #include "safetensors_stream_writer.hpp"
 #include "util/random.hpp"
@@ -109,11 +111,22 @@ struct Shard {
   size_t bytes = 0;
 };
 
+// What one planned tensor becomes on disk: itself in the output dtype, or a quantized linear's tensors.
+std::vector<StreamedTensor> output_specs(const PlannedTensor& t, OutDType dt,
+                                         const std::optional<QuantTarget>& quant) {
+  if (quant && is_quantized_linear(t.name, t.shape.size()))
+    return quantized_tensor_specs(*quant, t.name, t.shape[0], t.shape[1]);
+  return {{t.name, dt == OutDType::bf16 ? "BF16" : "F32", t.shape,
+           static_cast<size_t>(t.numel()) * element_size(dt)}};
+}
+
 // Greedy, in plan order (a layer's tensors stay together); a tensor larger than the limit gets a shard alone.
-std::vector<Shard> assign_shards(const std::vector<PlannedTensor>& plan, OutDType dt, size_t limit) {
+std::vector<Shard> assign_shards(const std::vector<PlannedTensor>& plan, OutDType dt,
+                                 const std::optional<QuantTarget>& quant, size_t limit) {
   std::vector<Shard> shards;
   for (size_t i = 0; i < plan.size(); ++i) {
-    const size_t bytes = static_cast<size_t>(plan[i].numel()) * element_size(dt);
+    size_t bytes = 0;
+    for (const auto& spec : output_specs(plan[i], dt, quant)) bytes += spec.nbytes;
     if (shards.empty() || (!shards.back().tensors.empty() && shards.back().bytes + bytes > limit))
       shards.emplace_back();
     shards.back().tensors.push_back(i);
@@ -142,6 +155,7 @@ void prepare_out_dir(const std::string& dir) {
 // config.json (the input's own text and key order, with the dtype and the tokenizer's ids filled in) and
 // generation_config.json.
 void write_config_files(const InitModelOptions& o, const llm::ModelConfig& config, OutDType dt,
+                        const std::optional<QuantTarget>& quant,
                         const std::optional<ByteLevelTokenizerIds>& ids) {
   nlohmann::ordered_json cfg = nlohmann::ordered_json::parse(read_text_file(o.config));
   if (!cfg.contains("architectures")) cfg["architectures"] = {config.architecture};
@@ -152,6 +166,7 @@ void write_config_files(const InitModelOptions& o, const llm::ModelConfig& confi
     cfg["bos_token_id"] = ids->endoftext;
     cfg["eos_token_id"] = ids->im_end;
   }
+  if (quant) write_quantization_config(*quant, cfg, config.num_hidden_layers, o.out);
   write_text_file(o.out + "/config.json", cfg.dump(2) + "\n");
 
   nlohmann::ordered_json gen;
@@ -170,8 +185,32 @@ void write_config_files(const InitModelOptions& o, const llm::ModelConfig& confi
 
 // Streams every planned tensor into its shard (and writes the index when there are several); returns the
 // bytes of weights written.
+// A quantized linear: its f32 values generated whole (the largest is an attention projection, tens of MB),
+// quantized, and their bytes returned in output_specs' order. NVFP4's gate and up share the global scale of
+// the pair, so the partner's values are generated too to find it.
+std::vector<std::vector<uint8_t>> quantized_linear(uint64_t seed, const std::vector<PlannedTensor>& plan,
+                                                   const PlannedTensor& t, QuantTarget quant) {
+  const auto values = [&](const PlannedTensor& p) {
+    std::vector<float> v(static_cast<size_t>(p.numel()));
+    fill_tensor(seed, p, 0, p.numel(), OutDType::f32, reinterpret_cast<std::byte*>(v.data()));
+    return v;
+  };
+  const std::vector<float> w = values(t);
+  float scale_2 = 0.0f;
+  if (quant == QuantTarget::nvfp4) {
+    scale_2 = kernels::quant::nvfp4_weight_scale_2(w.data(), t.numel());
+    const std::string partner = nvfp4_partner(t.name);
+    for (const auto& p : plan)
+      if (!partner.empty() && p.name == partner) {
+        const std::vector<float> pv = values(p);
+        scale_2 = std::max(scale_2, kernels::quant::nvfp4_weight_scale_2(pv.data(), p.numel()));
+      }
+  }
+  return quantized_tensor_bytes(quant, w.data(), t.shape[0], t.shape[1], scale_2);
+}
+
 size_t write_weights(const InitModelOptions& o, const std::vector<PlannedTensor>& plan,
-                     const std::vector<Shard>& shards, OutDType dt) {
+                     const std::vector<Shard>& shards, OutDType dt, const std::optional<QuantTarget>& quant) {
   size_t total = 0;
   for (const auto& s : shards) total += s.bytes;
   llm::ProgressBar progress("init-model " + o.out);
@@ -182,17 +221,25 @@ size_t write_weights(const InitModelOptions& o, const std::vector<PlannedTensor>
   nlohmann::json weight_map = nlohmann::json::object();
   for (const Shard& shard : shards) {
     std::vector<StreamedTensor> specs;
-    for (size_t i : shard.tensors) {
-      const PlannedTensor& t = plan[i];
-      specs.push_back({t.name, dt == OutDType::bf16 ? "BF16" : "F32", t.shape,
-                       static_cast<size_t>(t.numel()) * element_size(dt)});
-      weight_map[t.name] = shard.file;
-    }
+    for (size_t i : shard.tensors)
+      for (auto& spec : output_specs(plan[i], dt, quant)) {
+        weight_map[spec.name] = shard.file;
+        specs.push_back(std::move(spec));
+      }
     SafetensorsStreamWriter writer(o.out + "/" + shard.file, specs, {{"format", "pt"}});
     std::future<void> pending;
     int which = 0;
     for (size_t i : shard.tensors) {
       const PlannedTensor& t = plan[i];
+      if (quant && is_quantized_linear(t.name, t.shape.size())) {
+        if (pending.valid()) pending.get();
+        for (const auto& bytes : quantized_linear(o.seed, plan, t, *quant)) {
+          writer.write({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()});
+          done += bytes.size();
+        }
+        progress.update(done, total);
+        continue;
+      }
       for (int64_t first = 0; first < t.numel(); first += kChunkElements) {
         const int64_t n = std::min(kChunkElements, t.numel() - first);
         std::vector<std::byte>& buffer = buffers[which];
@@ -243,6 +290,12 @@ CLI::App* add_init_model_subcommand(CLI::App& app, InitModelOptions& o) {
   cmd->add_option("--shard-size-mb", o.shard_size_mb, "largest safetensors shard in MiB")
       ->check(positive_integer())
       ->capture_default_str();
+  cmd->add_option(
+         "--quant", o.quant,
+         "quantize the attention and MLP/expert linears as published: fp8-block (DeepSeek/Qwen3-FP8) | "
+         "mxfp4 (compressed-tensors) | nvfp4 (ModelOpt); embeddings, norms, router and lm_head stay in "
+         "--dtype")
+      ->check(CLI::IsMember(kQuantTargetFlags));
   return cmd;
 }
 
@@ -251,6 +304,13 @@ int run_init_model(const InitModelOptions& o) {
   const llm::ModelConfig config = llm::parse_model_config(o.config);
   const OutDType dt = o.dtype == "f32" ? OutDType::f32 : OutDType::bf16;
   const ExpertLayout layout = o.expert_layout == "fused" ? ExpertLayout::fused : ExpertLayout::per_expert;
+  std::optional<QuantTarget> quant;
+  if (!o.quant.empty()) {
+    quant = parse_quant_target(o.quant);
+    XMOE_CHECK(
+        layout == ExpertLayout::per_expert, "init-model: --quant ", o.quant,
+        " needs --expert-layout per-expert (the published quantized checkpoints hold per-expert linears)");
+  }
   const std::vector<PlannedTensor> plan = qwen3_moe_tensors(config, layout);
   // The config's sizes are each in range, but their products can still be absurd: check before writing.
   constexpr uint64_t kMaxTotalBytes = uint64_t{1} << 50;
@@ -266,7 +326,7 @@ int run_init_model(const InitModelOptions& o) {
   XMOE_CHECK(o.shard_size_mb <= (int64_t{1} << 30), "init-model: --shard-size-mb ", o.shard_size_mb,
              " is too large");
   const std::vector<Shard> shards =
-      assign_shards(plan, dt, static_cast<size_t>(o.shard_size_mb) * (size_t{1} << 20));
+      assign_shards(plan, dt, quant, static_cast<size_t>(o.shard_size_mb) * (size_t{1} << 20));
   prepare_out_dir(o.out);
   std::error_code ec;
   const fs::space_info space = fs::space(o.out, ec);
@@ -282,13 +342,15 @@ int run_init_model(const InitModelOptions& o) {
     std::fprintf(stderr, "init-model: vocab_size %lld < %lld: no tokenizer written (use --prompt-ids)\n",
                  static_cast<long long>(config.vocab_size), static_cast<long long>(kMinByteLevelVocab));
 
-  write_config_files(o, config, dt, ids);
-  const size_t total = write_weights(o, plan, shards, dt);
+  write_config_files(o, config, dt, quant, ids);
+  const size_t total = write_weights(o, plan, shards, dt, quant);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("wrote %s: %s, %zu tensors (%s experts), %.3f GB of %s in %zu file(s)%s, %.1f s (%d threads)\n",
-              o.out.c_str(), config.architecture.c_str(), plan.size(), o.expert_layout.c_str(),
-              static_cast<double>(total) / 1e9, torch_dtype_name(dt), shards.size(),
-              ids ? " + tokenizer" : "", secs, omp_get_max_threads());
+  std::printf(
+      "wrote %s: %s, %zu tensors (%s experts), %.3f GB of %s%s%s in %zu file(s)%s, %.1f s (%d threads)\n",
+      o.out.c_str(), config.architecture.c_str(), plan.size(), o.expert_layout.c_str(),
+      static_cast<double>(total) / 1e9, torch_dtype_name(dt), quant ? " + " : "",
+      quant ? quant_target_flag(*quant) : "", shards.size(), ids ? " + tokenizer" : "", secs,
+      omp_get_max_threads());
   return 0;
 }
 

@@ -13,7 +13,9 @@ struct InitModelOptions {
   std::string dtype = "bf16";
   uint64_t seed = 0;
   std::string expert_layout = "per-expert";
-  int64_t shard_size_mb = 4096;  // MiB per safetensors shard; one model.safetensors when everything fits
+  int64_t shard_size_mb = 4096;
+  std::string quant;  // "" (none) or a quantized format for the linears: fp8-block | mxfp4 | nvfp4  // MiB
+                      // per safetensors shard; one model.safetensors when everything fits
 };
 
 CLI::App* add_init_model_subcommand(CLI::App& app, InitModelOptions& o);
