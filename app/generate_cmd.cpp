@@ -16,6 +16,7 @@
 #include "llm/engine.hpp"
 #include "llm/model.hpp"
 #include "llm/progress_bar.hpp"
+#include "process_memory.hpp"
 #include "xmoe/error.hpp"
 #include "xmoe/tokenizer.hpp"
 
@@ -125,6 +126,7 @@ int run_generate(const GenerateOptions& o) {
   XMOE_CHECK(std::filesystem::is_directory(o.model), "generate: --model ", o.model, " is not a directory");
   if (o.threads > 0) omp_set_num_threads(o.threads);
 
+  const auto load_start = std::chrono::steady_clock::now();
   const llm::Checkpoint checkpoint = llm::Checkpoint::open(o.model);
   const std::string tokenizer_path = (std::filesystem::path(o.model) / "tokenizer.json").string();
   std::optional<Tokenizer> tokenizer;
@@ -166,6 +168,10 @@ int run_generate(const GenerateOptions& o) {
   load.progress = bar.callback();
   const std::unique_ptr<llm::CausalLM> model = llm::load_model(checkpoint, load);
   bar.finish();
+  // Opening the checkpoint and building the model (tokenizer and template reading included, both small).
+  const double load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  const ResidentMemory after_load = resident_memory();
 
   llm::EngineOptions engine_options;
   engine_options.kv_cache_bytes = static_cast<size_t>(o.kv_cache_mb) << 20;
@@ -268,6 +274,18 @@ int run_generate(const GenerateOptions& o) {
                  100.0 * gbs / peak, peak, probe_before, probe_after);
   }
   std::fprintf(stderr, "\n");
+  if (o.measure_bandwidth) {
+    // Weights mapped in place become resident as file pages (the page cache) when first read; anonymous
+    // pages are what the process copied or allocated itself.
+    const ResidentMemory after_run = resident_memory();
+    auto gb = [](size_t b) { return static_cast<double>(b) / 1e9; };
+    std::fprintf(
+        stderr,
+        "load: %.2f s for %.2f GB of checkpoint; resident after load %.2f GB (%.2f GB anonymous, %.2f "
+        "GB mapped file pages), after the run %.2f GB (%.2f anonymous, %.2f file)\n",
+        load_seconds, gb(checkpoint.total_bytes()), gb(after_load.total), gb(after_load.anonymous),
+        gb(after_load.file), gb(after_run.total), gb(after_run.anonymous), gb(after_run.file));
+  }
   return 0;
 }
 

@@ -35,32 +35,56 @@ std::string shape_str(std::span<const int64_t> shape) {
   return s + "]";
 }
 
-const char* format_name(WeightFormat f) {
+const char* dtype_name_of(TensorDType f) {
   switch (f) {
-    case WeightFormat::f32:
+    case TensorDType::f32:
       return "F32";
-    case WeightFormat::f16:
+    case TensorDType::f16:
       return "F16";
-    case WeightFormat::bf16:
+    case TensorDType::bf16:
       return "BF16";
+    case TensorDType::f8_e4m3:
+      return "F8_E4M3";
+    case TensorDType::u8:
+      return "U8";
   }
   return "?";
 }
 
-bool format_of(const std::string& dtype, WeightFormat& out) {
-  if (dtype == "F32")
-    out = WeightFormat::f32;
-  else if (dtype == "F16")
-    out = WeightFormat::f16;
-  else if (dtype == "BF16")
-    out = WeightFormat::bf16;
+bool dtype_of(const std::string& name, TensorDType& out) {
+  if (name == "F32")
+    out = TensorDType::f32;
+  else if (name == "F16")
+    out = TensorDType::f16;
+  else if (name == "BF16")
+    out = TensorDType::bf16;
+  else if (name == "F8_E4M3")
+    out = TensorDType::f8_e4m3;
+  else if (name == "U8")
+    out = TensorDType::u8;
   else
     return false;
   return true;
 }
 
-size_t element_size(WeightFormat f) {
-  return f == WeightFormat::f32 ? 4 : 2;
+size_t element_size(TensorDType f) {
+  switch (f) {
+    case TensorDType::f32:
+      return 4;
+    case TensorDType::f16:
+    case TensorDType::bf16:
+      return 2;
+    case TensorDType::f8_e4m3:
+    case TensorDType::u8:
+      return 1;
+  }
+  return 1;
+}
+
+void check_holds_values(const WeightView& w) {
+  XMOE_CHECK(w.dtype == TensorDType::f32 || w.dtype == TensorDType::f16 || w.dtype == TensorDType::bf16,
+             "weight '", w.name, "': dtype ", dtype_name_of(w.dtype),
+             " holds quantized codes, not values; it is read as a packed weight");
 }
 
 // Loads go through memcpy: safetensors data need not be aligned for the element type.
@@ -118,16 +142,19 @@ int64_t WeightView::numel() const {
 void WeightView::to_f32(int64_t offset, int64_t count, float* out) const {
   XMOE_CHECK(offset >= 0 && count >= 0 && offset <= numel() - count, "weight '", name, "': elements [",
              offset, ", ", offset + count, ") are outside the tensor's ", numel());
-  const std::byte* p = bytes.data() + static_cast<size_t>(offset) * element_size(format);
-  switch (format) {
-    case WeightFormat::f32:
+  check_holds_values(*this);
+  const std::byte* p = bytes.data() + static_cast<size_t>(offset) * element_size(dtype);
+  switch (dtype) {
+    case TensorDType::f32:
       if (count > 0) std::memcpy(out, p, static_cast<size_t>(count) * 4);
       break;
-    case WeightFormat::bf16:
+    case TensorDType::bf16:
       for (int64_t i = 0; i < count; ++i) out[i] = bf16::to_float(load<uint16_t>(p + 2 * i));
       break;
-    case WeightFormat::f16:
+    case TensorDType::f16:
       for (int64_t i = 0; i < count; ++i) out[i] = f16_to_f32(load<uint16_t>(p + 2 * i));
+      break;
+    default:
       break;
   }
 }
@@ -135,17 +162,20 @@ void WeightView::to_f32(int64_t offset, int64_t count, float* out) const {
 void WeightView::to_bf16(int64_t offset, int64_t count, uint16_t* out) const {
   XMOE_CHECK(offset >= 0 && count >= 0 && offset <= numel() - count, "weight '", name, "': elements [",
              offset, ", ", offset + count, ") are outside the tensor's ", numel());
-  const std::byte* p = bytes.data() + static_cast<size_t>(offset) * element_size(format);
-  switch (format) {
-    case WeightFormat::bf16:
+  check_holds_values(*this);
+  const std::byte* p = bytes.data() + static_cast<size_t>(offset) * element_size(dtype);
+  switch (dtype) {
+    case TensorDType::bf16:
       if (count > 0) std::memcpy(out, p, static_cast<size_t>(count) * 2);
       break;
-    case WeightFormat::f32:
+    case TensorDType::f32:
       for (int64_t i = 0; i < count; ++i) out[i] = bf16::from_float(load<float>(p + 4 * i));
       break;
-    case WeightFormat::f16:
+    case TensorDType::f16:
       // f16 → f32 is exact, so this rounds once.
       for (int64_t i = 0; i < count; ++i) out[i] = bf16::from_float(f16_to_f32(load<uint16_t>(p + 2 * i)));
+      break;
+    default:
       break;
   }
 }
@@ -159,6 +189,7 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   const std::string config_path = dir + "/config.json";
   XMOE_CHECK(is_regular_file(config_path), at, "config.json is missing");
   c.config_ = parse_model_config(config_path);
+  c.quantization_ = parse_quantization_config(dir);
 
   // As transformers: a single model.safetensors wins over an index.
   const std::string single = dir + "/" + kSingleFile;
@@ -228,13 +259,15 @@ WeightView Checkpoint::weight(const std::string& name, std::span<const int64_t> 
   const SafetensorsEntry& e = file.entry(name);
   WeightView w;
   w.name = name;
-  XMOE_CHECK(format_of(e.dtype, w.format), "checkpoint ", dir_, ": tensor '", name, "' in ", file.path(),
-             " has dtype ", e.dtype, ", not supported (supported: BF16, F16, F32)");
+  XMOE_CHECK(dtype_of(e.dtype, w.dtype), "checkpoint ", dir_, ": tensor '", name, "' in ", file.path(),
+             " has dtype ", e.dtype,
+             ", not supported (supported: BF16, F16, F32, and F8_E4M3 and U8 in quantized "
+             "checkpoints)");
   if (!expected_shape.empty()) {
     const bool same =
         std::equal(e.shape.begin(), e.shape.end(), expected_shape.begin(), expected_shape.end());
     XMOE_CHECK(same, "checkpoint ", dir_, ": tensor '", name, "' in ", file.path(), " has shape ",
-               shape_str(e.shape), ", expected ", shape_str(expected_shape), " (", format_name(w.format),
+               shape_str(e.shape), ", expected ", shape_str(expected_shape), " (", dtype_name_of(w.dtype),
                ")");
   }
   w.shape = e.shape;

@@ -10,23 +10,26 @@
 #include <vector>
 
 #include "llm/model_config.hpp"
+#include "llm/quantization.hpp"
 #include "xmoe/safetensors.hpp"
 
 namespace xmoe::llm {
 
-// How a weight's bytes encode values. BF16/F16/F32 now; block-quantized formats (FP8 block, MXFP4, NVFP4)
-// join here, each decoded inside the kernels rather than expanded into a dequantized copy.
-enum class WeightFormat { f32, f16, bf16 };
+// A tensor's dtype as the safetensors header gives it. F32/F16/BF16 hold values; F8_E4M3 and U8 hold the
+// codes and scales of quantized weights (quantization.hpp), read as PackedWeight views by the loader and
+// decoded inside the kernels rather than expanded into a dequantized copy.
+enum class TensorDType { f32, f16, bf16, f8_e4m3, u8 };
 
 // A read-only view of one tensor of the checkpoint (the bytes stay in the mapped file).
 struct WeightView {
   std::string name;
-  WeightFormat format = WeightFormat::f32;
+  TensorDType dtype = TensorDType::f32;
   std::vector<int64_t> shape;
   std::span<const std::byte> bytes;
   int64_t numel() const;
-  // Converts elements [offset, offset + count) to f32 (any format) / to bf16 bits (exact from bf16; rounded
-  // to nearest even from f32/f16).
+  // Converts elements [offset, offset + count) to f32 (F32/F16/BF16) / to bf16 bits (exact from bf16;
+  // rounded to nearest even from f32/f16). Quantized codes (F8_E4M3, U8) throw: they are read as packed
+  // weights.
   void to_f32(int64_t offset, int64_t count, float* out) const;
   void to_bf16(int64_t offset, int64_t count, uint16_t* out) const;
 };
@@ -45,8 +48,9 @@ class Checkpoint {
 
   const std::string& dir() const { return dir_; }
   const ModelConfig& config() const { return config_; }
+  const QuantizationConfig& quantization() const { return quantization_; }
   bool contains(const std::string& name) const;
-  // Throws naming the checkpoint and tensor when missing, when the dtype is not a supported WeightFormat, or
+  // Throws naming the checkpoint and tensor when missing, when the dtype is not a supported TensorDType, or
   // when `expected_shape` is given and differs.
   WeightView weight(const std::string& name, std::span<const int64_t> expected_shape = {}) const;
   std::vector<std::string> tensor_names() const;
@@ -55,6 +59,7 @@ class Checkpoint {
  private:
   std::string dir_;
   ModelConfig config_;
+  QuantizationConfig quantization_;
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
   std::vector<std::pair<std::string, size_t>> index_;  // sorted tensor name → file
 };

@@ -6,11 +6,11 @@
 #include <cmath>
 #include <set>
 #include <string>
-#include <variant>
 
 #include "kernels/kernels.hpp"
+#include "kernels/linear.hpp"
 #include "llm/layers/attention.hpp"
-#include "llm/layers/expert_kernels.hpp"
+#include "llm/layers/quantized_views.hpp"
 #include "llm/layers/rmsnorm.hpp"
 #include "llm/layers/rope.hpp"
 #include "llm/layers/weights.hpp"
@@ -24,40 +24,54 @@ namespace xmoe::llm {
 
 namespace {
 
+using kernels::PackedWeight;
 using moe::parallel_rows;
 
 std::string layer_name(int i, const std::string& rest) {
   return std::string("model.layers.").append(std::to_string(i)) + "." + rest;
 }
 
-// Norm weights stay f32 whatever the model dtype (exact for bf16 checkpoints).
-std::vector<float> load_vector(const Checkpoint& ckpt, const std::string& name, int64_t n) {
-  const int64_t shape[] = {n};
-  const WeightView view = ckpt.weight(name, shape);
-  std::vector<float> out(static_cast<size_t>(n));
-  view.to_f32(0, n, out.data());
-  return out;
-}
+// Linears that read the same input, written side by side into one output row: one view when the checkpoint
+// holds them back to back (one pass over the input rows), else one per part.
+struct SideBySide {
+  std::vector<PackedWeight> parts;
+  int64_t width = 0;  // output columns of all parts together
 
-// The MoE block's experts in the model's storage type.
-using RoutedExpertsAny =
-    std::variant<std::unique_ptr<moe::RoutedExperts<float>>, std::unique_ptr<moe::RoutedExperts<bf16>>>;
+  explicit SideBySide(std::vector<PackedWeight> ws = {}) {
+    for (const PackedWeight& w : ws) width += w.rows;
+    if (auto joined = kernels::join_rows(ws)) ws = {*joined};
+    parts = std::move(ws);
+  }
+  size_t bytes() const {
+    size_t n = 0;
+    for (const PackedWeight& w : parts) n += w.bytes();
+    return n;
+  }
+  // y [m, width] = x [m, cols] · [W_0; W_1; …]ᵀ
+  void forward(const kernels::KernelTable& table, const float* x, int64_t m, float* y) const {
+    int64_t col = 0;
+    for (const PackedWeight& w : parts) {
+      kernels::linear_forward(table, w, x, m, w.cols, y + col, width);
+      col += w.rows;
+    }
+  }
+};
 
 struct Layer {
   std::vector<float> input_norm, post_norm, q_norm, k_norm;
-  WeightMatrix qkv;  // q_proj, k_proj, v_proj rows stacked: one pass over the normed rows
-  WeightMatrix o;
+  SideBySide qkv;  // q_proj, k_proj, v_proj
+  PackedWeight o;
   bool sparse = false;
-  WeightMatrix router;  // [E, H]
-  RoutedExpertsAny experts;
-  WeightMatrix gate_up;  // dense MLP: gate_proj then up_proj rows [2I, H]
-  WeightMatrix down;     // [H, I]
+  PackedWeight router;  // [E, H]
+  std::unique_ptr<moe::RoutedExperts> experts;
+  SideBySide gate_up;  // dense MLP: gate_proj, up_proj [I, H] each
+  PackedWeight down;   // [H, I]
 };
 
 class Qwen3Moe final : public CausalLM {
  public:
   Qwen3Moe(const Checkpoint& ckpt, const LoadOptions& options)
-      : cfg_(ckpt.config()), dtype_(options.dtype), rope_(ckpt.config()) {
+      : cfg_(ckpt.config()), dtype_(options.dtype), rope_(ckpt.config()), weights_(ckpt, options.dtype) {
     const std::string where = ckpt.dir() + "/config.json: ";
     XMOE_CHECK(dtype_ == DType::f32 || dtype_ == DType::bf16,
                "load options: dtype must be float32 or bfloat16, got ", dtype_name(dtype_));
@@ -71,15 +85,14 @@ class Qwen3Moe final : public CausalLM {
     const kernels::CpuFeatures features = kernels::detect_cpu_features();
     table_ = options.isa.empty() ? &kernels::best_kernel_table(features)
                                  : &kernels::kernel_table(kernels::parse_isa(options.isa), features);
-    linear_ = &linear_kernels(table_->isa);
 
     total_bytes_ = ckpt.total_bytes();
     progress_ = options.progress;
     const int64_t H = cfg_.hidden_size, D = cfg_.head_dim;
     const int64_t q_rows = cfg_.num_attention_heads * D, kv_rows = cfg_.num_key_value_heads * D;
 
-    embed_ = load_matrix(ckpt, "model.embed_tokens.weight", cfg_.vocab_size, H);
-    if (!cfg_.tie_word_embeddings) lm_head_ = load_matrix(ckpt, "lm_head.weight", cfg_.vocab_size, H);
+    embed_ = load_matrix("model.embed_tokens.weight", cfg_.vocab_size, H);
+    if (!cfg_.tie_word_embeddings) lm_head_ = load_matrix("lm_head.weight", cfg_.vocab_size, H);
     final_norm_ = load_norm(ckpt, "model.norm.weight", H);
 
     layers_.resize(static_cast<size_t>(cfg_.num_hidden_layers));
@@ -89,26 +102,24 @@ class Qwen3Moe final : public CausalLM {
       L.post_norm = load_norm(ckpt, layer_name(i, "post_attention_layernorm.weight"), H);
       L.q_norm = load_norm(ckpt, layer_name(i, "self_attn.q_norm.weight"), D);
       L.k_norm = load_norm(ckpt, layer_name(i, "self_attn.k_norm.weight"), D);
-      L.qkv = WeightMatrix(dtype_, q_rows + 2 * kv_rows, H);
-      fill(ckpt, L.qkv, layer_name(i, "self_attn.q_proj.weight"), {q_rows, H}, 0);
-      fill(ckpt, L.qkv, layer_name(i, "self_attn.k_proj.weight"), {kv_rows, H}, q_rows);
-      fill(ckpt, L.qkv, layer_name(i, "self_attn.v_proj.weight"), {kv_rows, H}, q_rows + kv_rows);
-      L.o = load_matrix(ckpt, layer_name(i, "self_attn.o_proj.weight"), H, q_rows);
+      L.qkv = SideBySide({load_matrix(layer_name(i, "self_attn.q_proj.weight"), q_rows, H),
+                          load_matrix(layer_name(i, "self_attn.k_proj.weight"), kv_rows, H),
+                          load_matrix(layer_name(i, "self_attn.v_proj.weight"), kv_rows, H)});
+      L.o = load_matrix(layer_name(i, "self_attn.o_proj.weight"), H, q_rows);
       L.sparse = cfg_.is_sparse_layer(i);
       if (L.sparse) {
         XMOE_CHECK(cfg_.moe_intermediate_size > 0 && cfg_.num_experts_per_tok >= 1 &&
                        cfg_.num_experts_per_tok <= cfg_.num_experts,
                    where,
                    "MoE layers need moe_intermediate_size > 0 and 1 <= num_experts_per_tok <= num_experts");
-        L.router = load_matrix(ckpt, layer_name(i, "mlp.gate.weight"), cfg_.num_experts, H);
+        L.router = load_matrix(layer_name(i, "mlp.gate.weight"), cfg_.num_experts, H);
         load_experts(ckpt, i, L);
       } else {
         const int64_t I = cfg_.intermediate_size;
         XMOE_CHECK(I > 0, where, "intermediate_size must be > 0 for the dense MLP of layer ", i);
-        L.gate_up = WeightMatrix(dtype_, 2 * I, H);
-        fill(ckpt, L.gate_up, layer_name(i, "mlp.gate_proj.weight"), {I, H}, 0);
-        fill(ckpt, L.gate_up, layer_name(i, "mlp.up_proj.weight"), {I, H}, I);
-        L.down = load_matrix(ckpt, layer_name(i, "mlp.down_proj.weight"), H, I);
+        L.gate_up = SideBySide({load_matrix(layer_name(i, "mlp.gate_proj.weight"), I, H),
+                                load_matrix(layer_name(i, "mlp.up_proj.weight"), I, H)});
+        L.down = load_matrix(layer_name(i, "mlp.down_proj.weight"), H, I);
       }
     }
     router_.type = LlmRouterType::qwen3;
@@ -122,10 +133,10 @@ class Qwen3Moe final : public CausalLM {
   DType dtype() const override { return dtype_; }
 
   size_t weight_bytes_per_token() const override {
-    size_t sparse_layers = 0;
-    for (const Layer& L : layers_) sparse_layers += L.sparse ? 1 : 0;
-    return step_bytes_without_experts() + embedding_row_bytes() +
-           sparse_layers * static_cast<size_t>(cfg_.num_experts_per_tok) * expert_bytes();
+    size_t experts = 0;
+    for (const Layer& L : layers_)
+      if (L.sparse) experts += static_cast<size_t>(cfg_.num_experts_per_tok) * expert_bytes(L);
+    return step_bytes_without_experts() + embedding_row_bytes() + experts;
   }
 
   uint64_t weight_bytes_read() const override { return weight_bytes_read_; }
@@ -161,7 +172,7 @@ class Qwen3Moe final : public CausalLM {
       Layer& L = layers_[static_cast<size_t>(li)];
       rms_norm_rows(hidden, normed, T, H, H, L.input_norm.data(), eps);
       float* qkv = qkv_.ensure(static_cast<size_t>(T * qkv_width));
-      linear_forward(*linear_, L.qkv, normed, T, qkv);
+      L.qkv.forward(*table_, normed, T, qkv);
       parallel_rows(T, 4, [&](int64_t a, int64_t b) {
         for (int64_t t = a; t < b; ++t) {
           const auto c = static_cast<size_t>(chunk_of[static_cast<size_t>(t)]);
@@ -193,7 +204,7 @@ class Qwen3Moe final : public CausalLM {
         }
       }
       float* proj = proj_.ensure(static_cast<size_t>(T * H));
-      linear_forward(*linear_, L.o, attn, T, proj);
+      kernels::linear_forward(*table_, L.o, attn, T, proj);
       add_rows(hidden, proj, T * H);
 
       rms_norm_rows(hidden, normed, T, H, H, L.post_norm.data(), eps);
@@ -218,7 +229,7 @@ class Qwen3Moe final : public CausalLM {
                 normed + r * H);
     rms_norm_rows(normed, normed, R, H, H, final_norm_.data(), eps);
     logits.resize(static_cast<size_t>(R * V));
-    linear_forward(*linear_, cfg_.tie_word_embeddings ? embed_ : lm_head_, normed, R, logits.data());
+    kernels::linear_forward(*table_, cfg_.tie_word_embeddings ? embed_ : lm_head_, normed, R, logits.data());
 
     for (size_t c = 0; c < batch.size(); ++c)
       cache.set_length(batch[c].seq, start[c] + (first[c + 1] - first[c]));
@@ -226,10 +237,10 @@ class Qwen3Moe final : public CausalLM {
 
  private:
   size_t embedding_row_bytes() const {
-    return static_cast<size_t>(cfg_.hidden_size) * dtype_size(dtype_);
+    return embed_.bytes() / static_cast<size_t>(embed_.rows);
   }
-  size_t expert_bytes() const {
-    return 3 * static_cast<size_t>(cfg_.moe_intermediate_size * cfg_.hidden_size) * dtype_size(dtype_);
+  static size_t expert_bytes(const Layer& L) {
+    return L.experts->experts().expert(0).bytes();
   }
   // What every step reads whatever its tokens: attention, routers, dense MLPs, norms and the lm_head.
   size_t step_bytes_without_experts() const {
@@ -243,104 +254,56 @@ class Qwen3Moe final : public CausalLM {
     return bytes;
   }
 
-  void report(size_t bytes) {
-    loaded_bytes_ += bytes;
-    if (progress_) progress_(std::min(loaded_bytes_, total_bytes_), total_bytes_);
+  // Progress in checkpoint bytes: what the weight loader has looked at plus the norm vectors.
+  void report() {
+    const size_t done = weights_.checkpoint_bytes() + norm_bytes_;
+    if (progress_) progress_(std::min(done, total_bytes_), total_bytes_);
   }
-  WeightMatrix load_matrix(const Checkpoint& ckpt, const std::string& name, int64_t rows, int64_t cols) {
-    WeightMatrix w = WeightMatrix::load(ckpt, name, dtype_, rows, cols);
-    report(ckpt.weight(name).bytes.size());
+  PackedWeight load_matrix(const std::string& name, int64_t rows, int64_t cols) {
+    PackedWeight w = weights_.matrix(name, rows, cols);
+    report();
     return w;
   }
   std::vector<float> load_norm(const Checkpoint& ckpt, const std::string& name, int64_t n) {
     std::vector<float> v = load_vector(ckpt, name, n);
-    report(ckpt.weight(name).bytes.size());
+    norm_bytes_ += ckpt.weight(name).bytes.size();
+    report();
     return v;
   }
-  void fill(const Checkpoint& ckpt, WeightMatrix& w, const std::string& name, std::vector<int64_t> shape,
-            int64_t row0) {
-    const WeightView view = ckpt.weight(name, shape);
-    w.fill_rows(view, 0, row0, shape[0]);
-    report(view.bytes.size());
-  }
-
-  // Copies the checkpoint's experts (per-expert tensors or fused gate_up_proj / down_proj) into the experts'
-  // stacked parameters gate_proj, up_proj [E, I, H] and down_proj [E, H, I].
+  // The experts as views: per-expert tensors, or slices of the fused gate_up_proj [E, 2I, H] (gate rows
+  // first, then up rows) and down_proj [E, H, I].
   void load_experts(const Checkpoint& ckpt, int i, Layer& L) {
     const int E = cfg_.num_experts;
     const int64_t H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
-    MoeConfig mc;
-    mc.experts.type = "swiglu";
-    mc.experts.num_experts = E;
-    mc.experts.hidden_size = I;
-    mc.experts.has_fc1_bias = mc.experts.has_fc2_bias = false;
-    mc.model_dim = H;
-    mc.dtype = dtype_;
-    mc.gate.k = cfg_.num_experts_per_tok;
-    auto copy_into = [&](Parameter& p, int64_t dst_offset, const WeightView& view, int64_t src_offset,
-                         int64_t count) {
-      if (dtype_ == DType::f32)
-        view.to_f32(src_offset, count, p.value.data<float>() + dst_offset);
-      else
-        view.to_bf16(src_offset, count, reinterpret_cast<uint16_t*>(p.value.data<bf16>() + dst_offset));
-    };
-    auto load_into = [&](auto& experts) {
-      Parameter& gate = experts->parameter("experts.gate_proj");
-      Parameter& up = experts->parameter("experts.up_proj");
-      Parameter& down = experts->parameter("experts.down_proj");
-      // Views are looked up first (that is where a missing or misshapen tensor throws); the copies then run
-      // over experts in parallel (page faults of the mapping and of the new storage dominate loading).
-      struct Source {
-        WeightView view;
-        int64_t offset;
-      };
-      std::vector<Source> gates, ups, downs;
-      const std::string fused = layer_name(i, "mlp.experts.gate_up_proj");
-      if (ckpt.contains(fused)) {
-        const int64_t gu_shape[] = {E, 2 * I, H}, d_shape[] = {E, H, I};
-        const WeightView gu = ckpt.weight(fused, gu_shape);
-        const WeightView d = ckpt.weight(layer_name(i, "mlp.experts.down_proj"), d_shape);
-        for (int64_t e = 0; e < E; ++e) {
-          gates.push_back({gu, e * 2 * I * H});  // gate rows first, then up rows
-          ups.push_back({gu, e * 2 * I * H + I * H});
-          downs.push_back({d, e * H * I});
-        }
-      } else {
-        for (int64_t e = 0; e < E; ++e) {
-          const std::string prefix =
-              layer_name(i, std::string("mlp.experts.").append(std::to_string(e)) + ".");
-          const int64_t ih[] = {I, H}, hi[] = {H, I};
-          gates.push_back({ckpt.weight(prefix + "gate_proj.weight", ih), 0});
-          ups.push_back({ckpt.weight(prefix + "up_proj.weight", ih), 0});
-          downs.push_back({ckpt.weight(prefix + "down_proj.weight", hi), 0});
-        }
+    std::vector<moe::SwigluWeights> experts(static_cast<size_t>(E));
+    const std::string fused = layer_name(i, "mlp.experts.gate_up_proj");
+    if (holds_linear(ckpt, fused)) {
+      const std::string down = layer_name(i, "mlp.experts.down_proj");
+      const std::vector<PackedWeight> gate_up = weights_.stacked(fused, E, 2 * I, H);
+      const std::vector<PackedWeight> downs = weights_.stacked(down, E, H, I);
+      for (size_t e = 0; e < experts.size(); ++e) {
+        experts[e].gate = kernels::slice_rows(gate_up[e], 0, I);
+        experts[e].up = kernels::slice_rows(gate_up[e], I, I);
+        experts[e].down = downs[e];
       }
-      std::string failure;
-#pragma omp parallel for schedule(dynamic)
-      for (int64_t e = 0; e < E; ++e) {
-        try {
-          const auto u = static_cast<size_t>(e);
-          copy_into(gate, e * I * H, gates[u].view, gates[u].offset, I * H);
-          copy_into(up, e * I * H, ups[u].view, ups[u].offset, I * H);
-          copy_into(down, e * H * I, downs[u].view, downs[u].offset, H * I);
-        } catch (const std::exception& ex) {
-#pragma omp critical
-          failure = ex.what();
-        }
-      }
-      XMOE_CHECK(failure.empty(), failure);
-      const WeightView& any = gates[0].view;
-      report(3 * static_cast<size_t>(E * I * H) * (any.bytes.size() / static_cast<size_t>(any.numel())));
-    };
-    if (dtype_ == DType::f32) {
-      auto experts = std::make_unique<moe::RoutedExperts<float>>(mc, expert_kernel_table(table_->isa));
-      load_into(experts);
-      L.experts = std::move(experts);
+      report();
     } else {
-      auto experts = std::make_unique<moe::RoutedExperts<bf16>>(mc, expert_kernel_table(table_->isa));
-      load_into(experts);
-      L.experts = std::move(experts);
+      for (int e = 0; e < E; ++e) {
+        const std::string prefix = layer_name(i, std::string("mlp.experts.").append(std::to_string(e)) + ".");
+        moe::SwigluWeights& w = experts[static_cast<size_t>(e)];
+        w.gate = load_matrix(prefix + "gate_proj.weight", I, H);
+        w.up = load_matrix(prefix + "up_proj.weight", I, H);
+        w.down = load_matrix(prefix + "down_proj.weight", H, I);
+      }
     }
+    for (int e = 0; e < E; ++e) {
+      const moe::SwigluWeights& w = experts[static_cast<size_t>(e)];
+      XMOE_CHECK(w.gate.global_scale == w.up.global_scale, "checkpoint ", ckpt.dir(), ": layer ", i,
+                 " expert ", e, ": gate_proj and up_proj have different global scales (", w.gate.global_scale,
+                 " and ", w.up.global_scale,
+                 "); NVFP4 requires one shared weight_scale_2 / weight_global_scale");
+    }
+    L.experts = std::make_unique<moe::RoutedExperts>(std::move(experts), *table_);
   }
 
   void check_batch(std::span<const SequenceChunk> batch, KvCache& cache) const {
@@ -371,58 +334,48 @@ class Qwen3Moe final : public CausalLM {
   }
 
   void dense_mlp(const Layer& L, const float* x, int64_t T, float* y) {
-    const int64_t I = L.down.cols();
+    const int64_t I = L.down.cols;
     float* gu = mlp_.ensure(static_cast<size_t>(T * 2 * I));
     float* act = act_.ensure(static_cast<size_t>(T * I));
-    linear_forward(*linear_, L.gate_up, x, T, gu);
+    L.gate_up.forward(*table_, x, T, gu);
     parallel_rows(T, 16, [&](int64_t a, int64_t b) {
       for (int64_t t = a; t < b; ++t)
         table_->silu_mul_f32(gu + t * 2 * I, gu + t * 2 * I + I, act + t * I, I);
     });
-    linear_forward(*linear_, L.down, act, T, y);
+    kernels::linear_forward(*table_, L.down, act, T, y);
   }
 
   void moe_block(Layer& L, const float* x, int64_t T, float* y) {
     const int E = cfg_.num_experts, k = cfg_.num_experts_per_tok;
-    const int64_t H = cfg_.hidden_size;
     float* router_logits = router_logits_.ensure(static_cast<size_t>(T * E));
-    linear_forward(*linear_, L.router, x, T, router_logits);
+    kernels::linear_forward(*table_, L.router, x, T, router_logits);
     ids_.resize(static_cast<size_t>(T * k));
-    weights_.resize(static_cast<size_t>(T * k));
-    llm_route(router_, router_logits, nullptr, T, ids_.data(), weights_.data());
+    route_weights_.resize(static_cast<size_t>(T * k));
+    llm_route(router_, router_logits, nullptr, T, ids_.data(), route_weights_.data());
     expert_chosen_.assign(static_cast<size_t>(E), 0);
     for (int32_t id : ids_) expert_chosen_[static_cast<size_t>(id)] = 1;
     weight_bytes_read_ +=
-        static_cast<uint64_t>(std::count(expert_chosen_.begin(), expert_chosen_.end(), 1)) * expert_bytes();
-    if (auto* f = std::get_if<std::unique_ptr<moe::RoutedExperts<float>>>(&L.experts)) {
-      (*f)->forward(x, T, k, ids_.data(), weights_.data(), y);
-    } else {
-      auto& b = std::get<std::unique_ptr<moe::RoutedExperts<bf16>>>(L.experts);
-      bf16* xb = x_bf16_.ensure(static_cast<size_t>(T * H));
-      parallel_rows(T, 16,
-                    [&](int64_t a, int64_t e) { table_->f32_to_bf16(x + a * H, xb + a * H, (e - a) * H); });
-      b->forward(xb, T, k, ids_.data(), weights_.data(), y);
-    }
+        static_cast<uint64_t>(std::count(expert_chosen_.begin(), expert_chosen_.end(), 1)) * expert_bytes(L);
+    L.experts->forward(x, T, k, ids_.data(), route_weights_.data(), y);
   }
 
   ModelConfig cfg_;
   DType dtype_;
   Rope rope_;
   const kernels::KernelTable* table_ = nullptr;
-  const LinearKernels* linear_ = nullptr;
   LlmRouterConfig router_;
-  WeightMatrix embed_, lm_head_;
+  WeightLoader weights_;  // owns what is not mapped in place
+  PackedWeight embed_, lm_head_;
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
   ProgressFn progress_;
-  size_t loaded_bytes_ = 0, total_bytes_ = 0;
+  size_t norm_bytes_ = 0, total_bytes_ = 0;
   uint64_t weight_bytes_read_ = 0;
   std::vector<char> expert_chosen_;  // by expert, in the MoE layer being run
 
   Buffer<float> hidden_, normed_, qkv_, attn_, proj_, mlp_, act_, router_logits_;
-  Buffer<bf16> x_bf16_;
   std::vector<int32_t> ids_;
-  std::vector<float> weights_;
+  std::vector<float> route_weights_;
 };
 
 }  // namespace

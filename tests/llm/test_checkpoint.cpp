@@ -23,7 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using xmoe::llm::Checkpoint;
-using xmoe::llm::WeightFormat;
+using xmoe::llm::TensorDType;
 using xmoe::llm::WeightView;
 
 const std::string kData = std::string(XMOE_TEST_DATA_DIR) + "/checkpoints/";
@@ -110,7 +110,7 @@ TEST(Checkpoint, OpensSingleFile) {
   EXPECT_EQ(c.total_bytes(), (16 * 8 + 8) * 4u);
   const int64_t shape[] = {16, 8};
   const WeightView w = c.weight("model.embed_tokens.weight", shape);
-  EXPECT_EQ(w.format, WeightFormat::f32);
+  EXPECT_EQ(w.dtype, TensorDType::f32);
   EXPECT_EQ(w.numel(), 128);
   float out[3];
   w.to_f32(125, 3, out);
@@ -165,7 +165,7 @@ TEST(Checkpoint, WeightErrorsNameTensor) {
 TEST(Checkpoint, ConversionsMatchTorch) {
   // conversions.safetensors holds F16/F32/BF16 inputs and torch's results as I64 bit patterns.
   const xmoe::SafetensorsFile f = xmoe::SafetensorsFile::open(kData + "conversions.safetensors");
-  auto view = [&](const std::string& name, WeightFormat fmt) {
+  auto view = [&](const std::string& name, TensorDType fmt) {
     const auto& e = f.entry(name);
     return WeightView{name, fmt, e.shape, f.bytes(name)};
   };
@@ -196,9 +196,9 @@ TEST(Checkpoint, ConversionsMatchTorch) {
   };
   ASSERT_EQ(f.entry("f16").dtype, "F16");
   ASSERT_EQ(f.entry("bf16").dtype, "BF16");
-  const WeightView f16 = view("f16", WeightFormat::f16);
-  const WeightView f32 = view("f32", WeightFormat::f32);
-  const WeightView bf16 = view("bf16", WeightFormat::bf16);
+  const WeightView f16 = view("f16", TensorDType::f16);
+  const WeightView f32 = view("f32", TensorDType::f32);
+  const WeightView bf16 = view("bf16", TensorDType::bf16);
   // Subnormals, infinities and NaN payloads included: exact bit equality.
   EXPECT_EQ(f32_bits(convert_f32(f16)), expected("expected.f16_as_f32"));
   // Which NaN bf16 rounding gives is the implementation's choice (torch's vectorised path writes 0xffff, its

@@ -97,7 +97,7 @@ TEST(InitModel, PerExpertLayoutHasTransformersTensors) {
   const Checkpoint c = Checkpoint::open(out);
   expect_exact_tensor_set(c, expected_tensors("per-expert"));
   EXPECT_EQ(c.config().num_experts, 8);
-  EXPECT_EQ(c.weight("model.embed_tokens.weight").format, xmoe::llm::WeightFormat::f32);
+  EXPECT_EQ(c.weight("model.embed_tokens.weight").dtype, xmoe::llm::TensorDType::f32);
   EXPECT_FALSE(fs::exists(out + "/model.safetensors.index.json"));
 
   // Norms are 1 and biases 0, as transformers initialises them; weights N(0, 0.02).
@@ -173,7 +173,7 @@ TEST(InitModel, Bf16IsTheF32ModelRounded) {
   ASSERT_EQ(f32.tensor_names(), bf16.tensor_names());
   for (const auto& name : f32.tensor_names()) {
     const auto w = bf16.weight(name);
-    ASSERT_EQ(w.format, xmoe::llm::WeightFormat::bf16) << name;
+    ASSERT_EQ(w.dtype, xmoe::llm::TensorDType::bf16) << name;
     std::vector<uint16_t> stored(static_cast<size_t>(w.numel()));
     std::memcpy(stored.data(), w.bytes.data(), w.bytes.size());
     std::vector<uint16_t> rounded(stored.size());

@@ -6,21 +6,24 @@ namespace xmoe::kernels {
 
 namespace {
 
-#define XMOE_FILL_ELEMENTWISE(ns)                      \
-  t.softmax_rows_f32 = ns::softmax_rows_f32;           \
-  t.bias_act_f32 = ns::bias_act_f32;                   \
-  t.act_backward_f32 = ns::act_backward_f32;           \
-  t.silu_mul_f32 = ns::silu_mul_f32;                   \
-  t.silu_mul_backward_f32 = ns::silu_mul_backward_f32; \
-  t.f32_to_bf16 = ns::f32_to_bf16;                     \
-  t.bf16_to_f32 = ns::bf16_to_f32;                     \
-  t.scale_f32 = ns::scale_f32;                         \
-  t.axpy_f32 = ns::axpy_f32;                           \
-  t.dot_f32 = ns::dot_f32;                             \
-  t.scale_bf16 = ns::scale_bf16;                       \
-  t.axpy_bf16_f32 = ns::axpy_bf16_f32;                 \
-  t.dot_bf16_f32 = ns::dot_bf16_f32;                   \
-  t.topk_rows_f32 = ns::topk_rows_f32;
+#define XMOE_FILL_ELEMENTWISE(ns)                         \
+  t.softmax_rows_f32 = ns::softmax_rows_f32;              \
+  t.bias_act_f32 = ns::bias_act_f32;                      \
+  t.act_backward_f32 = ns::act_backward_f32;              \
+  t.silu_mul_f32 = ns::silu_mul_f32;                      \
+  t.silu_mul_backward_f32 = ns::silu_mul_backward_f32;    \
+  t.f32_to_bf16 = ns::f32_to_bf16;                        \
+  t.bf16_to_f32 = ns::bf16_to_f32;                        \
+  t.scale_f32 = ns::scale_f32;                            \
+  t.axpy_f32 = ns::axpy_f32;                              \
+  t.dot_f32 = ns::dot_f32;                                \
+  t.scale_bf16 = ns::scale_bf16;                          \
+  t.axpy_bf16_f32 = ns::axpy_bf16_f32;                    \
+  t.dot_bf16_f32 = ns::dot_bf16_f32;                      \
+  t.topk_rows_f32 = ns::topk_rows_f32;                    \
+  t.linear[size_t(WeightFormat::f32)] = ns::linear_f32;   \
+  t.linear[size_t(WeightFormat::bf16)] = ns::linear_bf16; \
+  t.linear[size_t(WeightFormat::f16)] = ns::linear_f16;
 
 // The block-quantized formats' linears (kernels/cpu/linear_quant_*.cpp).
 #define XMOE_FILL_QUANT_LINEARS(ns)                                           \

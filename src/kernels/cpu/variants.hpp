@@ -26,19 +26,28 @@
   void topk_rows_f32(const float* scores, int64_t rows, int64_t cols, int k, int32_t* ids,            \
                      int64_t ids_stride);
 
+// Linear layers over unscaled weight formats (LinearArgs, packed_weight.hpp).
+#define XMOE_DECLARE_LINEAR_FLOAT           \
+  void linear_f32(const LinearArgs& args);  \
+  void linear_bf16(const LinearArgs& args); \
+  void linear_f16(const LinearArgs& args);
+
 namespace xmoe::kernels {
 namespace reference {
 XMOE_DECLARE_GEMMS
 void gemm_f64(const GemmArgs<double, double>& args);
 XMOE_DECLARE_ELEMENTWISE
+XMOE_DECLARE_LINEAR_FLOAT
 }  // namespace reference
 namespace avx2 {
 XMOE_DECLARE_GEMMS
 XMOE_DECLARE_ELEMENTWISE
+XMOE_DECLARE_LINEAR_FLOAT
 }  // namespace avx2
 namespace avx512 {
 XMOE_DECLARE_GEMMS
 XMOE_DECLARE_ELEMENTWISE
+XMOE_DECLARE_LINEAR_FLOAT
 }  // namespace avx512
 namespace avx512_bf16 {
 void gemm_bf16(const GemmArgs<bf16, float>& args);  // VDPBF16PS microkernel

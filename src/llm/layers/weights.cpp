@@ -2,91 +2,104 @@
 
 #include <omp.h>
 
-#include <algorithm>
-#include <type_traits>
-
+#include "kernels/linear.hpp"
+#include "llm/layers/quantized_views.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::llm {
 
-WeightMatrix::WeightMatrix(DType dtype, int64_t rows, int64_t cols)
-    : dtype_(dtype), rows_(rows), cols_(cols) {
-  XMOE_CHECK(dtype == DType::f32 || dtype == DType::bf16, "weights: dtype must be float32 or bfloat16, got ",
-             dtype_name(dtype));
-  const auto n = static_cast<size_t>(rows * cols);
-  if (dtype == DType::f32)
-    f32_.resize(n);
-  else
-    b16_.resize(n);
+namespace {
+
+kernels::WeightFormat format_of(TensorDType t) {
+  switch (t) {
+    case TensorDType::f32:
+      return kernels::WeightFormat::f32;
+    case TensorDType::bf16:
+      return kernels::WeightFormat::bf16;
+    case TensorDType::f16:
+      return kernels::WeightFormat::f16;
+    default:
+      break;
+  }
+  throw Error("weights: dtype holds quantized codes, not values");
 }
 
-WeightMatrix WeightMatrix::load(const Checkpoint& ckpt, const std::string& name, DType dtype, int64_t rows,
-                                int64_t cols) {
-  std::vector<int64_t> shape;
-  if (rows > 0) shape.push_back(rows);
-  shape.push_back(cols);
-  const WeightView view = ckpt.weight(name, shape);
-  WeightMatrix w(dtype, rows > 0 ? rows : 1, cols);
-  w.fill_rows(view, 0, 0, w.rows_);
+}  // namespace
+
+WeightLoader::WeightLoader(const Checkpoint& ckpt, DType dtype) : ckpt_(&ckpt), dtype_(dtype) {
+  XMOE_CHECK(dtype == DType::f32 || dtype == DType::bf16, "weights: dtype must be float32 or bfloat16, got ",
+             dtype_name(dtype));
+}
+
+kernels::PackedWeight WeightLoader::convert_or_map(const WeightView& view, int64_t rows, int64_t cols) {
+  kernels::PackedWeight w;
+  w.rows = rows;
+  w.cols = cols;
+  const bool in_place =
+      dtype_ == DType::f32 ? view.dtype == TensorDType::f32 : view.dtype != TensorDType::f32;
+  if (in_place) {
+    w.format = format_of(view.dtype);
+    w.data = view.bytes.data();
+    w.row_bytes = static_cast<int64_t>(view.bytes.size()) / rows;
+    return w;
+  }
+  // The conversion runs over row blocks in parallel: page faults of the mapping and of the new buffer
+  // dominate it.
+  const size_t esize = dtype_ == DType::f32 ? 4 : 2;
+  const size_t n = static_cast<size_t>(rows * cols) * esize;
+  owned_.push_back(std::make_unique_for_overwrite<std::byte[]>(n));
+  std::byte* dst = owned_.back().get();
+  owned_bytes_ += n;
+  const int64_t block = 1 << 16, count = rows * cols;
+#pragma omp parallel for schedule(static) if (count > block)
+  for (int64_t b = 0; b < count; b += block) {
+    const int64_t len = std::min(block, count - b);
+    if (dtype_ == DType::f32)
+      view.to_f32(b, len, reinterpret_cast<float*>(dst) + b);
+    else
+      view.to_bf16(b, len, reinterpret_cast<uint16_t*>(dst) + b);
+  }
+  w.format = dtype_ == DType::f32 ? kernels::WeightFormat::f32 : kernels::WeightFormat::bf16;
+  w.data = dst;
+  w.row_bytes = cols * static_cast<int64_t>(esize);
   return w;
 }
 
-void WeightMatrix::fill_rows(const WeightView& view, int64_t offset, int64_t row0, int64_t rows_n) {
-  XMOE_CHECK(row0 >= 0 && row0 + rows_n <= rows_ && offset >= 0 && offset + rows_n * cols_ <= view.numel(),
-             "weights: ", view.name, ": rows out of range");
-  const int64_t n = rows_n * cols_;
-  if (dtype_ == DType::f32)
-    view.to_f32(offset, n, f32_.data() + row0 * cols_);
-  else
-    view.to_bf16(offset, n, reinterpret_cast<uint16_t*>(b16_.data() + row0 * cols_));
+kernels::PackedWeight WeightLoader::matrix(const std::string& name, int64_t rows, int64_t cols) {
+  if (auto q = quantized_view(*ckpt_, name, rows > 0 ? rows : 1, cols)) {
+    checkpoint_bytes_ += q->bytes();
+    return *q;
+  }
+  std::vector<int64_t> shape;
+  if (rows > 0) shape.push_back(rows);
+  shape.push_back(cols);
+  const WeightView view = ckpt_->weight(name, shape);
+  checkpoint_bytes_ += view.bytes.size();
+  return convert_or_map(view, rows > 0 ? rows : 1, cols);
 }
 
-void WeightMatrix::row_to_f32(int64_t row, float* out) const {
-  if (dtype_ == DType::f32) {
-    std::copy(f32_.data() + row * cols_, f32_.data() + (row + 1) * cols_, out);
+std::vector<kernels::PackedWeight> WeightLoader::stacked(const std::string& name, int64_t count, int64_t rows,
+                                                         int64_t cols) {
+  const int64_t shape[] = {count, rows, cols};
+  std::optional<kernels::PackedWeight> all = quantized_view(*ckpt_, name, rows, cols, count);
+  if (all) {
+    checkpoint_bytes_ += all->bytes();
   } else {
-    const bf16* r = b16_.data() + row * cols_;
-    for (int64_t c = 0; c < cols_; ++c) out[c] = static_cast<float>(r[c]);
+    const WeightView view = ckpt_->weight(name, shape);
+    checkpoint_bytes_ += view.bytes.size();
+    all = convert_or_map(view, count * rows, cols);
   }
+  std::vector<kernels::PackedWeight> slices;
+  for (int64_t e = 0; e < count; ++e) slices.push_back(kernels::slice_rows(*all, e * rows, rows));
+  return slices;
 }
 
-template <class W>
-void linear_rows(const LinearKernels& kernels, const float* x, int64_t m, int64_t ldx, const W* w, int64_t n,
-                 int64_t k, float* y, int64_t ldy) {
-  if (m == 0 || n == 0) return;
-  // Enough work per thread to pay for the team; column blocks are whole multiples of 8 (the kernels' tile).
-  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  const int threads = static_cast<int>(std::clamp(work / (1 << 16), 1.0, double(omp_get_max_threads())));
-  auto run = [&](int64_t n0, int64_t n1) {
-    if constexpr (std::is_same_v<W, float>)
-      kernels.f32(x, m, ldx, w, k, n0, n1, y, ldy);
-    else
-      kernels.bf16w(x, m, ldx, w, k, n0, n1, y, ldy);
-  };
-  if (threads <= 1 || omp_in_parallel()) {
-    run(0, n);
-    return;
-  }
-  const int64_t blocks = (n + 7) / 8;
-#pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num(), team = omp_get_num_threads();
-    const int64_t b0 = blocks * t / team, b1 = blocks * (t + 1) / team;
-    if (b1 > b0) run(b0 * 8, std::min(n, b1 * 8));
-  }
-}
-
-template void linear_rows<float>(const LinearKernels&, const float*, int64_t, int64_t, const float*, int64_t,
-                                 int64_t, float*, int64_t);
-template void linear_rows<bf16>(const LinearKernels&, const float*, int64_t, int64_t, const bf16*, int64_t,
-                                int64_t, float*, int64_t);
-
-void linear_forward(const LinearKernels& kernels, const WeightMatrix& w, const float* x, int64_t m,
-                    float* y) {
-  if (w.dtype() == DType::f32)
-    linear_rows(kernels, x, m, w.cols(), w.f32(), w.rows(), w.cols(), y, w.rows());
-  else
-    linear_rows(kernels, x, m, w.cols(), w.b16(), w.rows(), w.cols(), y, w.rows());
+std::vector<float> load_vector(const Checkpoint& ckpt, const std::string& name, int64_t n) {
+  const int64_t shape[] = {n};
+  const WeightView view = ckpt.weight(name, shape);
+  std::vector<float> out(static_cast<size_t>(n));
+  view.to_f32(0, n, out.data());
+  return out;
 }
 
 }  // namespace xmoe::llm

@@ -1,48 +1,51 @@
-// A model weight held in memory in the model's dtype (f32 or bf16), converted once from the checkpoint.
+// The model's weights as the kernels read them: PackedWeight views over the memory-mapped checkpoint where
+// the layout allows (a BF16 checkpoint run in bf16, an F32 one in f32), or over buffers this loader owns when
+// the model's dtype asks for a conversion (a BF16 checkpoint computed with f32 weights).
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "kernels/packed_weight.hpp"
 #include "llm/checkpoint.hpp"
-#include "llm/layers/linear_kernels.hpp"
 #include "xmoe/dtype.hpp"
 
 namespace xmoe::llm {
 
-// rows × cols row-major (a 1-D weight is 1 × n).
-class WeightMatrix {
+class WeightLoader {
  public:
-  WeightMatrix() = default;
-  WeightMatrix(DType dtype, int64_t rows, int64_t cols);
-  // Reads `name` from the checkpoint, checking its shape is [rows, cols] (or [cols] when rows is 0).
-  static WeightMatrix load(const Checkpoint& ckpt, const std::string& name, DType dtype, int64_t rows,
-                           int64_t cols);
-  // Copies `view` elements [offset, offset + rows_n · cols) into rows [row0, row0 + rows_n).
-  void fill_rows(const WeightView& view, int64_t offset, int64_t row0, int64_t rows_n);
+  // dtype: the model's dtype. f32 computes every float weight in f32 (converted exactly); bf16 reads BF16 and
+  // F16 tensors in place and rounds F32 ones to bf16. Quantized weights (quantized_views.hpp) are read in
+  // place whatever the dtype: activations are f32 and the kernels decode the codes.
+  WeightLoader(const Checkpoint& ckpt, DType dtype);
+  // Moving keeps every view valid (the owned buffers move, their bytes stay where they are).
+  WeightLoader(WeightLoader&&) = default;
+  WeightLoader& operator=(WeightLoader&&) = default;
 
-  DType dtype() const { return dtype_; }
-  int64_t rows() const { return rows_; }
-  int64_t cols() const { return cols_; }
-  size_t bytes() const { return static_cast<size_t>(rows_ * cols_) * dtype_size(dtype_); }
-  const float* f32() const { return f32_.data(); }
-  const bf16* b16() const { return b16_.data(); }
-  void row_to_f32(int64_t row, float* out) const;
+  // The 2-D weight `name`, checked to be [rows, cols] (a 1-D [cols] tensor when rows is 0: one row).
+  kernels::PackedWeight matrix(const std::string& name, int64_t rows, int64_t cols);
+  // Expert e's [rows, cols] slice of the 3-D weight `name` [count, rows, cols], for every e (fused experts).
+  std::vector<kernels::PackedWeight> stacked(const std::string& name, int64_t count, int64_t rows,
+                                             int64_t cols);
+
+  // Bytes copied into buffers of our own (0 when every weight is mapped in place).
+  size_t owned_bytes() const { return owned_bytes_; }
+  // Checkpoint bytes of every weight loaded so far (codes and scales of quantized ones).
+  size_t checkpoint_bytes() const { return checkpoint_bytes_; }
 
  private:
-  DType dtype_ = DType::f32;
-  int64_t rows_ = 0, cols_ = 0;
-  std::vector<float> f32_;
-  std::vector<bf16> b16_;
+  // `view` as a [rows, cols] matrix in the model's compute format, converting when needed.
+  kernels::PackedWeight convert_or_map(const WeightView& view, int64_t rows, int64_t cols);
+
+  const Checkpoint* ckpt_;
+  DType dtype_;
+  std::vector<std::unique_ptr<std::byte[]>> owned_;
+  size_t owned_bytes_ = 0, checkpoint_bytes_ = 0;
 };
 
-// y[m, n] (row stride ldy) = x[m, k] (row stride ldx) · Wᵀ with W [n, k] row-major, f32 or bf16; columns of
-// y split over OpenMP threads (each output computed by one thread, so results do not depend on the count).
-template <class W>
-void linear_rows(const LinearKernels& kernels, const float* x, int64_t m, int64_t ldx, const W* w, int64_t n,
-                 int64_t k, float* y, int64_t ldy);
-
-// y[m, rows] = x[m, cols] · Wᵀ.
-void linear_forward(const LinearKernels& kernels, const WeightMatrix& w, const float* x, int64_t m, float* y);
+// A norm's weight vector [n] in f32 (norm weights stay f32 whatever the model dtype; exact from bf16).
+std::vector<float> load_vector(const Checkpoint& ckpt, const std::string& name, int64_t n);
 
 }  // namespace xmoe::llm

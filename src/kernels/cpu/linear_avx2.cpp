@@ -1,15 +1,20 @@
-// AVX2 linear kernels: the 16 lanes of the shared summation order (linear_lanes.hpp) as two 8-float
-// registers, so results equal the reference's (and the AVX-512 variant's) bit for bit.
+// AVX2 linear kernels for f32, bf16 and f16 weights: the 16 lanes of the shared summation order
+// (linear_lanes.hpp) as two 8-float registers, so results equal the reference's (and the AVX-512 variant's)
+// bit for bit.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
 
-#include "llm/layers/linear_kernels.hpp"
-#include "llm/layers/linear_lanes.hpp"
+#include "kernels/cpu/linear_lanes.hpp"
+#include "kernels/cpu/variants.hpp"
 
-namespace xmoe::llm::linear_avx2 {
+namespace xmoe::kernels::avx2 {
 namespace {
+
+struct f16 {  // IEEE binary16 bits (F16C converts them)
+  uint16_t bits;
+};
 
 inline __m256 load8(const float* p) {
   return _mm256_loadu_ps(p);
@@ -18,9 +23,13 @@ inline __m256 load8(const bf16* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+inline __m256 load8(const f16* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 
+// Weight rows start ldw elements apart; each holds k elements.
 template <int MR, int NR, class W>
-void tile(const float* x, int64_t ldx, const W* w, int64_t k, float* y, int64_t ldy) {
+void tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k, float* y, int64_t ldy) {
   __m256 lo[MR][NR], hi[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) lo[i][j] = hi[i][j] = _mm256_setzero_ps();
@@ -38,7 +47,7 @@ void tile(const float* x, int64_t ldx, const W* w, int64_t k, float* y, int64_t 
   int64_t p = 0;
   for (; p + 16 <= k; p += 16) {
     for (int i = 0; i < MR; ++i) xs[i] = x + i * ldx + p;
-    for (int j = 0; j < NR; ++j) ws[j] = w + j * k + p;
+    for (int j = 0; j < NR; ++j) ws[j] = w + j * ldw + p;
     step(xs, ws);
   }
   if (p < k) {  // the tail, zero-padded to a whole step (zero products leave the lanes unchanged)
@@ -47,7 +56,7 @@ void tile(const float* x, int64_t ldx, const W* w, int64_t k, float* y, int64_t 
     for (int i = 0; i < MR; ++i)
       std::memcpy(xt[i], x + i * ldx + p, static_cast<size_t>(k - p) * sizeof(float));
     for (int j = 0; j < NR; ++j)
-      std::memcpy(static_cast<void*>(wt[j]), w + j * k + p, static_cast<size_t>(k - p) * sizeof(W));
+      std::memcpy(static_cast<void*>(wt[j]), w + j * ldw + p, static_cast<size_t>(k - p) * sizeof(W));
     for (int i = 0; i < MR; ++i) xs[i] = xt[i];
     for (int j = 0; j < NR; ++j) ws[j] = wt[j];
     step(xs, ws);
@@ -62,35 +71,38 @@ void tile(const float* x, int64_t ldx, const W* w, int64_t k, float* y, int64_t 
 }
 
 template <int MR, int NR, class W>
-void rows_block(const float* x, int64_t ldx, const W* w, int64_t k, int64_t n0, int64_t n1, float* y,
-                int64_t ldy) {
+void rows_block(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k, int64_t n0, int64_t n1,
+                float* y, int64_t ldy) {
   int64_t j = n0;
-  for (; j + NR <= n1; j += NR) tile<MR, NR>(x, ldx, w + j * k, k, y + j, ldy);
-  for (; j < n1; ++j) tile<MR, 1>(x, ldx, w + j * k, k, y + j, ldy);
+  for (; j + NR <= n1; j += NR) tile<MR, NR>(x, ldx, w + j * ldw, ldw, k, y + j, ldy);
+  for (; j < n1; ++j) tile<MR, 1>(x, ldx, w + j * ldw, ldw, k, y + j, ldy);
 }
 
 template <class W>
-void linear(const float* x, int64_t m, int64_t ldx, const W* w, int64_t k, int64_t n0, int64_t n1, float* y,
-            int64_t ldy) {
+void linear(const LinearArgs& a) {
+  const W* w = reinterpret_cast<const W*>(a.w->data);
+  const int64_t k = a.w->cols, ldw = a.w->row_bytes / int64_t(sizeof(W));
   const int64_t kBlockCols =
       std::max<int64_t>(8, (256 << 10) / std::max<int64_t>(1, k * int64_t(sizeof(W))) / 8 * 8);
-  for (int64_t c0 = n0; c0 < n1; c0 += kBlockCols) {
-    const int64_t c1 = std::min(n1, c0 + kBlockCols);
+  for (int64_t c0 = a.n0; c0 < a.n1; c0 += kBlockCols) {
+    const int64_t c1 = std::min(a.n1, c0 + kBlockCols);
     int64_t i = 0;
-    for (; i + 2 <= m; i += 2) rows_block<2, 2>(x + i * ldx, ldx, w, k, c0, c1, y + i * ldy, ldy);
-    if (i < m) rows_block<1, 4>(x + i * ldx, ldx, w, k, c0, c1, y + i * ldy, ldy);
+    for (; i + 2 <= a.m; i += 2)
+      rows_block<2, 2>(a.x + i * a.ldx, a.ldx, w, ldw, k, c0, c1, a.y + i * a.ldy, a.ldy);
+    if (i < a.m) rows_block<1, 4>(a.x + i * a.ldx, a.ldx, w, ldw, k, c0, c1, a.y + i * a.ldy, a.ldy);
   }
 }
 
 }  // namespace
 
-void f32(const float* x, int64_t m, int64_t ldx, const float* w, int64_t k, int64_t n0, int64_t n1, float* y,
-         int64_t ldy) {
-  linear(x, m, ldx, w, k, n0, n1, y, ldy);
+void linear_f32(const LinearArgs& a) {
+  linear<float>(a);
 }
-void bf16w(const float* x, int64_t m, int64_t ldx, const bf16* w, int64_t k, int64_t n0, int64_t n1, float* y,
-           int64_t ldy) {
-  linear(x, m, ldx, w, k, n0, n1, y, ldy);
+void linear_bf16(const LinearArgs& a) {
+  linear<bf16>(a);
+}
+void linear_f16(const LinearArgs& a) {
+  linear<f16>(a);
 }
 
-}  // namespace xmoe::llm::linear_avx2
+}  // namespace xmoe::kernels::avx2

@@ -1,13 +1,18 @@
-// AVX-512 linear kernels: register tiles of MR x rows × NR weight rows, each output a 16-lane FMA chain over
-// k followed by one fixed horizontal reduction (see linear_kernels.hpp for why the order never varies).
+// AVX-512 linear kernels for f32, bf16 and f16 weights: register tiles of MR x rows × NR weight rows, each
+// output a 16-lane FMA chain over k followed by one fixed horizontal reduction (linear_lanes.hpp: the order
+// never varies, so results equal the reference's bit for bit).
 #include <immintrin.h>
 
 #include <algorithm>
 
-#include "llm/layers/linear_kernels.hpp"
+#include "kernels/cpu/variants.hpp"
 
-namespace xmoe::llm::linear_avx512 {
+namespace xmoe::kernels::avx512 {
 namespace {
+
+struct f16 {  // IEEE binary16 bits (F16C converts them)
+  uint16_t bits;
+};
 
 inline __m512 load_w(const float* p, __mmask16 m) {
   return _mm512_maskz_loadu_ps(m, p);
@@ -16,6 +21,9 @@ inline __m512 load_w(const bf16* p, __mmask16 m) {
   const __m256i h = _mm256_maskz_loadu_epi16(m, p);
   // maskz forms: the unmasked intrinsics start from an undefined register, which GCC 12 warns about here.
   return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16));
+}
+inline __m512 load_w(const f16* p, __mmask16 m) {
+  return _mm512_maskz_cvtph_ps(0xffff, _mm256_maskz_loadu_epi16(m, p));  // maskz: see load_w(bf16)
 }
 
 // reduce_lanes (linear_lanes.hpp) in registers: halves (l + 8), quarters (l + 4), pairs (l + 2), neighbours.
@@ -32,7 +40,7 @@ inline float reduce16(__m512 v) {
 // `next` / `next_bytes`: memory to prefetch into L2 while this tile runs, spread evenly over its steps (see
 // rows_block for why).
 template <int MR, int NR, class W>
-void tile(const float* x, int64_t ldx, const W* w, int64_t k, float* y, int64_t ldy,
+void tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k, float* y, int64_t ldy,
           const char* next = nullptr, int64_t next_bytes = 0) {
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
@@ -51,7 +59,7 @@ void tile(const float* x, int64_t ldx, const W* w, int64_t k, float* y, int64_t 
     }
     __m512 wv[NR];
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) wv[j] = load_w(w + j * k + p, mask);
+    for (int j = 0; j < NR; ++j) wv[j] = load_w(w + j * ldw + p, mask);
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i) {
       const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + p);
@@ -70,69 +78,74 @@ void tile(const float* x, int64_t ldx, const W* w, int64_t k, float* y, int64_t 
 // tile. Instead each tile prefetches the next tile's rows (contiguous: rows j + NR .. j + 2·NR) while it
 // computes; the first tile's rows are requested up front.
 template <int MR, int NR, class W>
-void rows_block(const float* x, int64_t ldx, const W* w, int64_t k, int64_t n0, int64_t n1, float* y,
-                int64_t ldy) {
-  const auto bytes_of_rows = [&](int64_t a, int64_t b) { return (b - a) * k * int64_t(sizeof(W)); };
-  const auto row_ptr = [&](int64_t j) { return reinterpret_cast<const char*>(w + j * k); };
+void rows_block(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k, int64_t n0, int64_t n1,
+                float* y, int64_t ldy) {
+  const auto bytes_of_rows = [&](int64_t a, int64_t b) { return (b - a) * ldw * int64_t(sizeof(W)); };
+  const auto row_ptr = [&](int64_t j) { return reinterpret_cast<const char*>(w + j * ldw); };
   const int64_t first = bytes_of_rows(n0, std::min(n1, n0 + NR));
   for (int64_t b = 0; b < first; b += 64) _mm_prefetch(row_ptr(n0) + b, _MM_HINT_T1);
   int64_t j = n0;
   for (; j + NR <= n1; j += NR) {
     const int64_t next_end = std::min(n1, j + 2 * NR);
-    tile<MR, NR>(x, ldx, w + j * k, k, y + j, ldy, row_ptr(j + NR), bytes_of_rows(j + NR, next_end));
+    tile<MR, NR>(x, ldx, w + j * ldw, ldw, k, y + j, ldy, row_ptr(j + NR), bytes_of_rows(j + NR, next_end));
   }
-  for (; j < n1; ++j) tile<MR, 1>(x, ldx, w + j * k, k, y + j, ldy);
+  for (; j < n1; ++j) tile<MR, 1>(x, ldx, w + j * ldw, ldw, k, y + j, ldy);
 }
 
 // Rows [i0, m) (fewer than 4) of one group of NR columns.
 template <int NR, class W>
-void row_tail(const float* x, int64_t ldx, const W* w, int64_t k, int64_t i0, int64_t m, float* y,
-              int64_t ldy) {
+void row_tail(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k, int64_t i0, int64_t m,
+              float* y, int64_t ldy) {
   switch (m - i0) {
     case 3:
-      return tile<3, NR>(x + i0 * ldx, ldx, w, k, y + i0 * ldy, ldy);
+      return tile<3, NR>(x + i0 * ldx, ldx, w, ldw, k, y + i0 * ldy, ldy);
     case 2:
-      return tile<2, NR>(x + i0 * ldx, ldx, w, k, y + i0 * ldy, ldy);
+      return tile<2, NR>(x + i0 * ldx, ldx, w, ldw, k, y + i0 * ldy, ldy);
     case 1:
-      return tile<1, NR>(x + i0 * ldx, ldx, w, k, y + i0 * ldy, ldy);
+      return tile<1, NR>(x + i0 * ldx, ldx, w, ldw, k, y + i0 * ldy, ldy);
     default:
       return;
   }
 }
 
 template <class W>
-void linear(const float* x, int64_t m, int64_t ldx, const W* w, int64_t k, int64_t n0, int64_t n1, float* y,
-            int64_t ldy) {
+void linear(const LinearArgs& a) {
+  const float* x = a.x;
+  const int64_t m = a.m, ldx = a.ldx, n0 = a.n0, n1 = a.n1, ldy = a.ldy;
+  float* y = a.y;
+  const W* w = reinterpret_cast<const W*>(a.w->data);
+  const int64_t k = a.w->cols, ldw = a.w->row_bytes / int64_t(sizeof(W));
   if (m < 4) {
     // Decode: the x rows stay in L1; each weight row streams once.
-    if (m == 3) rows_block<3, 4>(x, ldx, w, k, n0, n1, y, ldy);
-    if (m == 2) rows_block<2, 8>(x, ldx, w, k, n0, n1, y, ldy);
-    if (m == 1) rows_block<1, 8>(x, ldx, w, k, n0, n1, y, ldy);
+    if (m == 3) rows_block<3, 4>(x, ldx, w, ldw, k, n0, n1, y, ldy);
+    if (m == 2) rows_block<2, 8>(x, ldx, w, ldw, k, n0, n1, y, ldy);
+    if (m == 1) rows_block<1, 8>(x, ldx, w, ldw, k, n0, n1, y, ldy);
     return;
   }
   // Many rows: four weight rows stay in L1 while every block of four x rows passes over them (from L2).
   int64_t j = n0;
   for (; j + 4 <= n1; j += 4) {
     int64_t i = 0;
-    for (; i + 4 <= m; i += 4) tile<4, 4>(x + i * ldx, ldx, w + j * k, k, y + i * ldy + j, ldy);
-    row_tail<4>(x, ldx, w + j * k, k, i, m, y + j, ldy);
+    for (; i + 4 <= m; i += 4) tile<4, 4>(x + i * ldx, ldx, w + j * ldw, ldw, k, y + i * ldy + j, ldy);
+    row_tail<4>(x, ldx, w + j * ldw, ldw, k, i, m, y + j, ldy);
   }
   for (; j < n1; ++j) {
     int64_t i = 0;
-    for (; i + 4 <= m; i += 4) tile<4, 1>(x + i * ldx, ldx, w + j * k, k, y + i * ldy + j, ldy);
-    row_tail<1>(x, ldx, w + j * k, k, i, m, y + j, ldy);
+    for (; i + 4 <= m; i += 4) tile<4, 1>(x + i * ldx, ldx, w + j * ldw, ldw, k, y + i * ldy + j, ldy);
+    row_tail<1>(x, ldx, w + j * ldw, ldw, k, i, m, y + j, ldy);
   }
 }
 
 }  // namespace
 
-void f32(const float* x, int64_t m, int64_t ldx, const float* w, int64_t k, int64_t n0, int64_t n1, float* y,
-         int64_t ldy) {
-  linear(x, m, ldx, w, k, n0, n1, y, ldy);
+void linear_f32(const LinearArgs& a) {
+  linear<float>(a);
 }
-void bf16w(const float* x, int64_t m, int64_t ldx, const bf16* w, int64_t k, int64_t n0, int64_t n1, float* y,
-           int64_t ldy) {
-  linear(x, m, ldx, w, k, n0, n1, y, ldy);
+void linear_bf16(const LinearArgs& a) {
+  linear<bf16>(a);
+}
+void linear_f16(const LinearArgs& a) {
+  linear<f16>(a);
 }
 
-}  // namespace xmoe::llm::linear_avx512
+}  // namespace xmoe::kernels::avx512

@@ -1,0 +1,258 @@
+// Quantized Qwen3-MoE checkpoints in the published layouts (tools/make_quant_model_fixtures.py): FP8 block
+// (DeepSeek, partial 128x128 edge blocks), MXFP4 (gpt-oss *_blocks / *_scales, fused experts), NVFP4
+// (ModelOpt and compressed-tensors namings of the same codes). Oracle: transformers' Qwen3MoeForCausalLM in
+// fp32 on the dequantised weights: logits within 1e-4 of the row's largest, greedy ids identical. Plus the
+// loader's errors on bad input, each naming the tensor or config field.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kernels/cpu_features.hpp"
+#include "llm/model_oracle.hpp"
+#include "xmoe/error.hpp"
+
+namespace xmoe::llm {
+namespace {
+
+using namespace test;
+namespace fs = std::filesystem;
+
+TEST(QuantizedModels, Fp8BlockMatchesTransformers) {
+  expect_matches_oracle("quant-fp8", "quant-fp8", 1e-4);
+}
+
+TEST(QuantizedModels, Mxfp4MatchesTransformers) {
+  expect_matches_oracle("quant-mxfp4", "quant-mxfp4", 1e-4);
+}
+
+TEST(QuantizedModels, Nvfp4ModelOptMatchesTransformers) {
+  expect_matches_oracle("quant-nvfp4-modelopt", "quant-nvfp4", 1e-4);
+}
+
+TEST(QuantizedModels, Nvfp4CompressedTensorsMatchesTransformers) {
+  expect_matches_oracle("quant-nvfp4-ct", "quant-nvfp4", 1e-4);
+}
+
+// Quantized weights are read in place whatever the dtype; bf16 changes only the other weights (read in
+// place too) and the KV cache, so greedy ids still match.
+TEST(QuantizedModels, Bf16DtypeKeepsGreedyIds) {
+  for (const char* dir : {"quant-fp8", "quant-mxfp4", "quant-nvfp4-ct"}) {
+    Loaded l = load(dir, DType::bf16);
+    const std::string expected = std::string(dir) == "quant-nvfp4-ct" ? "quant-nvfp4" : dir;
+    for (const Prompt& p : load_expected(expected)) {
+      const ModelRun r = run_alone(*l.model, p.ids, static_cast<int>(p.greedy.size()));
+      EXPECT_EQ(r.greedy, p.greedy) << dir;
+    }
+  }
+}
+
+// Every kernel level gives the best one's logits to 1e-5 (the linear kernels agree bit for bit; the
+// elementwise ones, exp in SiLU and softmax, differ in the last bits).
+TEST(QuantizedModels, LowerKernelLevelsAgreeWithTheBest) {
+  const kernels::CpuFeatures features = kernels::detect_cpu_features();
+  for (const char* dir : {"quant-fp8", "quant-mxfp4", "quant-nvfp4-modelopt"}) {
+    Loaded best = load(dir, DType::f32);
+    const std::vector<int32_t> prompt =
+        load_expected(std::string(dir) == "quant-nvfp4-modelopt" ? "quant-nvfp4" : dir).back().ids;
+    const ModelRun a = run_alone(*best.model, prompt, 3);
+    for (const char* isa : {"reference", "avx2", "avx512"}) {
+      if (!kernels::isa_supported(features, kernels::parse_isa(isa))) continue;
+      Loaded other = load(dir, DType::f32, isa);
+      const ModelRun b = run_alone(*other.model, prompt, 3);
+      ASSERT_EQ(a.greedy, b.greedy) << dir << " " << isa;
+      const int64_t V = best.model->config().vocab_size;
+      for (size_t r = 0; r < a.prefill.size() / V; ++r)
+        EXPECT_LT(row_error(a.prefill.data() + r * V, b.prefill.data() + r * V, V), 1e-5)
+            << dir << " " << isa;
+      for (size_t r = 0; r < a.decode.size() / V; ++r)
+        EXPECT_LT(row_error(a.decode.data() + r * V, b.decode.data() + r * V, V), 1e-5) << dir << " " << isa;
+    }
+  }
+}
+
+// A copy of a fixture checkpoint to break: its config files as JSON, its tensors rewritten by `edit`.
+class BrokenCheckpoint {
+ public:
+  explicit BrokenCheckpoint(const std::string& fixture)
+      : dir_(fs::temp_directory_path() / ("xmoe-quant-" + fixture + "-" + std::to_string(::getpid()))) {
+    fs::remove_all(dir_);
+    fs::copy(kModels + "/" + fixture, dir_);
+  }
+  ~BrokenCheckpoint() { fs::remove_all(dir_); }
+  std::string dir() const { return dir_.string(); }
+
+  nlohmann::json read_json(const std::string& file) const {
+    std::ifstream in(dir_ / file);
+    return nlohmann::json::parse(in);
+  }
+  void write_json(const std::string& file, const nlohmann::json& j) const {
+    std::ofstream(dir_ / file) << j.dump(2);
+  }
+  // Rewrites model.safetensors through edit(name, dtype, shape, bytes), which may change the last three; a
+  // tensor for which it returns false is dropped.
+  template <class Edit>
+  void rewrite(Edit edit) const {
+    const SafetensorsFile f = SafetensorsFile::open((dir_ / "model.safetensors").string());
+    std::vector<SafetensorsRawTensor> out;
+    std::vector<std::vector<std::byte>> keep;
+    keep.reserve(f.entries().size());
+    for (const auto& e : f.entries()) {
+      const auto bytes = f.bytes(e.name);
+      keep.emplace_back(bytes.begin(), bytes.end());
+      SafetensorsRawTensor t{e.name, e.dtype, e.shape, {}};
+      if (!edit(t.name, t.dtype, t.shape, keep.back())) continue;
+      t.pieces = {std::span<const std::byte>(keep.back())};
+      out.push_back(std::move(t));
+    }
+    save_safetensors_raw((dir_ / "model.safetensors").string(), out);
+  }
+
+ private:
+  fs::path dir_;
+};
+
+std::string load_error(const std::string& dir) {
+  try {
+    const Checkpoint ckpt = Checkpoint::open(dir);
+    LoadOptions o;
+    o.dtype = DType::f32;
+    load_model(ckpt, o);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << "message: " << (text)
+
+TEST(QuantizedModels, MissingScaleTensorIsNamed) {
+  BrokenCheckpoint b("quant-fp8");
+  b.rewrite([](const std::string& name, auto&, auto&, auto&) {
+    return name != "model.layers.0.self_attn.o_proj.weight_scale_inv";
+  });
+  const std::string msg = load_error(b.dir());
+  EXPECT_HAS(msg, "model.layers.0.self_attn.o_proj.weight_scale_inv");
+  EXPECT_HAS(msg, "missing");
+}
+
+TEST(QuantizedModels, MisshapenScaleTensorIsNamed) {
+  BrokenCheckpoint b("quant-nvfp4-modelopt");
+  const std::string name = "model.layers.1.mlp.down_proj.weight_scale";  // [160, 96 / 16]
+  b.rewrite([&](const std::string& n, auto&, std::vector<int64_t>& shape, std::vector<std::byte>& bytes) {
+    if (n == name) {
+      shape = {160, 3};
+      bytes.resize(160 * 3);
+    }
+    return true;
+  });
+  const std::string msg = load_error(b.dir());
+  EXPECT_HAS(msg, name);
+  EXPECT_HAS(msg, "shape");
+}
+
+TEST(QuantizedModels, UnknownQuantMethodIsNamed) {
+  BrokenCheckpoint b("quant-fp8");
+  nlohmann::json cfg = b.read_json("config.json");
+  cfg["quantization_config"]["quant_method"] = "awq";
+  b.write_json("config.json", cfg);
+  const std::string msg = load_error(b.dir());
+  EXPECT_HAS(msg, "quant_method");
+  EXPECT_HAS(msg, "awq");
+}
+
+TEST(QuantizedModels, WrongBlockSizeIsNamed) {
+  {
+    BrokenCheckpoint b("quant-fp8");
+    nlohmann::json cfg = b.read_json("config.json");
+    cfg["quantization_config"]["weight_block_size"] = {64, 64};
+    b.write_json("config.json", cfg);
+    const std::string msg = load_error(b.dir());
+    EXPECT_HAS(msg, "weight_block_size");
+    EXPECT_HAS(msg, "[64,64]");
+  }
+  {
+    BrokenCheckpoint b("quant-nvfp4-modelopt");
+    nlohmann::json cfg = b.read_json("hf_quant_config.json");
+    cfg["quantization"]["group_size"] = 32;
+    b.write_json("hf_quant_config.json", cfg);
+    const std::string msg = load_error(b.dir());
+    EXPECT_HAS(msg, "group_size");
+    EXPECT_HAS(msg, "hf_quant_config.json");
+  }
+  {
+    BrokenCheckpoint b("quant-nvfp4-ct");
+    nlohmann::json cfg = b.read_json("config.json");
+    cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 32;
+    b.write_json("config.json", cfg);
+    const std::string msg = load_error(b.dir());
+    EXPECT_HAS(msg, "group_size");
+    EXPECT_HAS(msg, "group_0");
+  }
+}
+
+TEST(QuantizedModels, UnconvertedModuleThatIsQuantizedIsNamed) {
+  BrokenCheckpoint b("quant-fp8");
+  nlohmann::json cfg = b.read_json("config.json");
+  cfg["quantization_config"]["modules_to_not_convert"].push_back("self_attn.o_proj");
+  b.write_json("config.json", cfg);
+  const std::string msg = load_error(b.dir());
+  EXPECT_HAS(msg, "model.layers.0.self_attn.o_proj");
+  EXPECT_HAS(msg, "not converted");
+}
+
+TEST(QuantizedModels, Ue8m0ScalesMustBePowersOfTwo) {
+  BrokenCheckpoint b("quant-fp8");  // its scales are amax / 448, not powers of two
+  nlohmann::json cfg = b.read_json("config.json");
+  cfg["quantization_config"]["scale_fmt"] = "ue8m0";
+  b.write_json("config.json", cfg);
+  const std::string msg = load_error(b.dir());
+  EXPECT_HAS(msg, "weight_scale_inv");
+  EXPECT_HAS(msg, "scale_fmt");
+}
+
+TEST(QuantizedModels, QuantizedCodesWithoutConfigAreNamed) {
+  BrokenCheckpoint b("quant-fp8");
+  nlohmann::json cfg = b.read_json("config.json");
+  cfg.erase("quantization_config");
+  b.write_json("config.json", cfg);
+  const std::string msg = load_error(b.dir());
+  EXPECT_HAS(msg, "F8_E4M3");
+  EXPECT_HAS(msg, "quantization_config");
+}
+
+TEST(QuantizedModels, ExpertGateAndUpMustShareTheNvfp4GlobalScale) {
+  BrokenCheckpoint b("quant-nvfp4-ct");
+  const std::string name = "model.layers.0.mlp.experts.3.up_proj.weight_global_scale";
+  b.rewrite([&](const std::string& n, auto&, auto&, std::vector<std::byte>& bytes) {
+    if (n == name) {
+      float v;
+      std::memcpy(&v, bytes.data(), 4);
+      v *= 2;
+      std::memcpy(bytes.data(), &v, 4);
+    }
+    return true;
+  });
+  const std::string msg = load_error(b.dir());
+  EXPECT_HAS(msg, "layer 0 expert 3");
+  EXPECT_HAS(msg, "global scale");
+}
+
+TEST(QuantizedModels, UnsupportedDtypeIsNamed) {
+  BrokenCheckpoint b("quant-fp8");
+  const std::string name = "model.layers.0.self_attn.o_proj.weight";
+  b.rewrite([&](const std::string& n, std::string& dtype, auto&, auto&) {
+    if (n == name) dtype = "F8_E5M2";
+    return true;
+  });
+  const std::string msg = load_error(b.dir());
+  EXPECT_HAS(msg, name);
+  EXPECT_HAS(msg, "F8_E5M2");
+}
+
+}  // namespace
+}  // namespace xmoe::llm
