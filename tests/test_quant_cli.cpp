@@ -188,7 +188,7 @@ TEST_P(QuantCli, InitModelAndQuantizeWriteThePublishedLayout) {
   EXPECT_TRUE(fs::exists(dir / "converted/generation_config.json"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, QuantCli, ::testing::Values("fp8-block", "mxfp4", "nvfp4"),
+INSTANTIATE_TEST_SUITE_P(Quant, QuantCli, ::testing::Values("fp8-block", "mxfp4", "nvfp4"),
                          [](const auto& info) {
                            return info.param == "fp8-block" ? std::string("fp8_block") : info.param;
                          });

@@ -4,8 +4,8 @@
 //  * the weight is decoded to f32 with its block scale folded in, one f32 product per element:
 //    w[n, k] = decode(q[n, k]) · multiplier(n, k) — exactly PackedWeight::row_to_f32, i.e. PyTorch's
 //    dequantisation (the multiplier is NVFP4's e4m3(weight_scale) · weight_scale_2 as one f32 product);
-//  * lane l (0..15) takes the products x[i, k] · w[n, k] with k ≡ l (mod 16) in ascending k as one FMA chain,
-//    then the lanes are added as the fixed pairwise tree of reduce_lanes (l + 8, + 4, + 2, + 1).
+//  * then the f32/bf16 linears' order (linear_lanes.hpp): lane l (0..15) takes the products x[i, k] · w[n, k]
+//    with k ≡ l (mod 16) in ascending k as one FMA chain, and the lanes are added by reduce_lanes' fixed tree.
 // So a quantized linear equals the f32 linear over the dequantised weight. Each entry picks its own
 // blocking by m: up to 3 rows decode in registers while the weight streams once; more rows dequantise a panel
 // of weight rows once into f32 and run a register-blocked GEMM over it.
@@ -31,11 +31,6 @@ void linear_nvfp4(const LinearArgs& args);
 }  // namespace avx512
 
 namespace quant {
-inline float reduce_lanes(float* lanes) {
-  for (int width = 8; width >= 1; width /= 2)
-    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
-  return lanes[0];
-}
 // Checks the arguments every variant relies on (format, scale geometry, ranges); throws xmoe::Error naming
 // the field.
 void check_linear_args(const LinearArgs& args, WeightFormat format);

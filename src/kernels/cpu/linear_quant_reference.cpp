@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/linear_lanes.hpp"
 #include "kernels/cpu/linear_quant.hpp"
 #include "xmoe/error.hpp"
 
@@ -63,7 +64,7 @@ void linear_any(const LinearArgs& a, WeightFormat format) {
       float lanes[16] = {};
       const float* x = a.x + i * a.ldx;
       for (int64_t p = 0; p < k; ++p) lanes[p % 16] = std::fma(x[p], row[p], lanes[p % 16]);
-      a.y[i * a.ldy + n] = quant::reduce_lanes(lanes);
+      a.y[i * a.ldy + n] = reduce_lanes(lanes);
     }
   }
 }
