@@ -11,6 +11,7 @@
 #include "generate_cmd.hpp"
 #include "init_model_cmd.hpp"
 #include "kernels/cpu_features.hpp"
+#include "linear_bench_cmd.hpp"
 #include "quantize_cmd.hpp"
 #include "reshard_cmd.hpp"
 #include "xmoe/error.hpp"
@@ -94,6 +95,8 @@ int main(int argc, char** argv) {
   CLI::App* init_model_cmd = xmoe::app::add_init_model_subcommand(app, init_model);
   xmoe::app::GenerateOptions generate;
   CLI::App* generate_cmd = xmoe::app::add_generate_subcommand(app, generate);
+  xmoe::app::LinearBenchOptions linear_bench;
+  CLI::App* linear_bench_cmd = xmoe::app::add_linear_bench_subcommand(app, linear_bench);
   xmoe::app::QuantizeOptions quantize;
   CLI::App* quantize_cmd = xmoe::app::add_quantize_subcommand(app, quantize);
   try {
@@ -117,6 +120,7 @@ int main(int argc, char** argv) {
     if (init_model_cmd->parsed()) return xmoe::app::run_init_model(init_model);
     if (generate_cmd->parsed()) return xmoe::app::run_generate(generate);
     if (quantize_cmd->parsed()) return xmoe::app::run_quantize(quantize);
+    if (linear_bench_cmd->parsed()) return xmoe::app::run_linear_bench(linear_bench);
     if (a2a_bench_cmd->parsed()) return xmoe::app::run_a2a_bench(a2a_bench);
     return xmoe::app::run_bench(bench);
   } catch (const xmoe::Error& e) {

@@ -112,6 +112,8 @@ TEST(QuantLinear, NaNCodesAndScales) {
   fp8.data[2 * k + 5] = 0x7F;  // row 2
   const float inf = INFINITY;
   std::memcpy(fp8.scales.data() + 4 * (0 * 3 + 2), &inf, 4);  // rows 0..15, columns 32..39 (the tail block)
+  const float huge = 0x1p125f;  // scale · 2^8 would overflow: the AVX-512 decode's two-step product
+  std::memcpy(fp8.scales.data() + 4 * 1, &huge, 4);
   auto mx = quantize_mxfp4(random_values(n * 64, rng).data(), n, 64);
   mx.scales[4 * 2 + 1] = 0xFF;  // row 4, second block
   for (const QuantizedMatrix* q : {&fp8, &mx}) {

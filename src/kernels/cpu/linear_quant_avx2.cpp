@@ -55,8 +55,18 @@ struct Scales {
       table[c] = pw.format == WeightFormat::nvfp4 ? s * pw.global_scale : s;
     }
   }
-  float at(int64_t n, int64_t p) const {
-    const int64_t index = (n / w->block_rows) * w->scale_row_stride + p / w->block_cols;
+  // Scales are looked up by (row base + block counter): no division in the inner loops.
+  int64_t row_base(int64_t n) const { return (n / w->block_rows) * w->scale_row_stride; }
+  int steps_per_block() const { return w->block_cols / 16; }
+  // The scales of rows [b, e) into L2 (a few bytes per row block, but a stream of its own).
+  void prefetch(int64_t b, int64_t e) const {
+    if (b >= e) return;
+    const int64_t size = w->scale_type == ScaleType::f32 ? 4 : 1;
+    const char* p = reinterpret_cast<const char*>(w->scales) + row_base(b) * size;
+    const int64_t bytes = (row_base(e - 1) + w->scale_row_stride) * size - row_base(b) * size;
+    for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T1);
+  }
+  float get(int64_t index) const {
     if (w->scale_type == ScaleType::f32) {
       float s;
       std::memcpy(&s, w->scales + 4 * index, 4);
@@ -83,9 +93,10 @@ struct Fp8Rows {
   const uint8_t* data;
   int64_t row_bytes;
   Scales scales;
+  void prefetch_scales(int64_t b, int64_t e) const { scales.prefetch(b, e); }
   explicit Fp8Rows(const PackedWeight& w)
       : data(reinterpret_cast<const uint8_t*>(w.data)), row_bytes(w.row_bytes), scales(w) {}
-  V16 load(int64_t n, int64_t p, int64_t k, const TailMask& m) const {
+  V16 load(int64_t n, int64_t p, float scale, int64_t k, const TailMask& m) const {
     const uint8_t* src = data + n * row_bytes + p;
     __m128i bytes;
     if (m.full) {
@@ -95,7 +106,7 @@ struct Fp8Rows {
       std::memcpy(buf, src, static_cast<size_t>(k - p));
       bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(buf));
     }
-    const __m256 s = _mm256_set1_ps(scales.at(n, p));
+    const __m256 s = _mm256_set1_ps(scale);
     V16 w{_mm256_mul_ps(e4m3_to_ps(_mm256_cvtepu8_epi32(bytes)), s),
           _mm256_mul_ps(e4m3_to_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))), s)};
     if (!m.full) {  // past k the weight is 0 (not 0 · scale, which is NaN for an infinite scale)
@@ -112,6 +123,7 @@ struct Fp4Rows {
   const uint8_t* data;
   int64_t row_bytes;
   Scales scales;
+  void prefetch_scales(int64_t b, int64_t e) const { scales.prefetch(b, e); }
   explicit Fp4Rows(const PackedWeight& w)
       : data(reinterpret_cast<const uint8_t*>(w.data)), row_bytes(w.row_bytes), scales(w) {}
   static __m256 decode(__m256i codes) {
@@ -120,12 +132,12 @@ struct Fp4Rows {
     const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(codes, _mm256_set1_epi32(8)), 28);
     return _mm256_or_ps(mag, _mm256_castsi256_ps(sign));
   }
-  V16 load(int64_t n, int64_t p, int64_t, const TailMask&) const {  // k is a multiple of 16: no tail
+  V16 load(int64_t n, int64_t p, float scale, int64_t, const TailMask&) const {  // k is a multiple of 16
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(data + n * row_bytes + p / 2));
     const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
     const __m128i nib = _mm_unpacklo_epi8(lo, hi);
-    const __m256 s = _mm256_set1_ps(scales.at(n, p));
+    const __m256 s = _mm256_set1_ps(scale);
     return {_mm256_mul_ps(decode(_mm256_cvtepu8_epi32(nib)), s),
             _mm256_mul_ps(decode(_mm256_cvtepu8_epi32(_mm_srli_si128(nib, 8))), s)};
   }
@@ -134,7 +146,12 @@ struct Fp4Rows {
 struct F32Rows {
   const float* data;
   int64_t ld, first_row;
-  V16 load(int64_t n, int64_t p, int64_t, const TailMask& m) const {
+  struct NoScales {
+    int64_t row_base(int64_t) const { return 0; }
+    int steps_per_block() const { return 1 << 30; }
+    float get(int64_t) const { return 1.0f; }
+  } scales;
+  V16 load(int64_t n, int64_t p, float, int64_t, const TailMask& m) const {
     return load_x(data + (n - first_row) * ld + p, m);
   }
 };
@@ -142,15 +159,33 @@ struct F32Rows {
 // MR x rows × NR weight rows starting at n: each step decodes a weight row's 16 values once and feeds them to
 // all MR rows (x re-read from L1), which keeps the live registers within AVX2's sixteen.
 template <int MR, int NR, class Rows>
-void tile(const Rows& w, int64_t n, int64_t k, const float* x, int64_t ldx, float* y, int64_t ldy) {
+void tile(const Rows& w, int64_t n, int64_t k, const float* x, int64_t ldx, float* y, int64_t ldy,
+          const char* next = nullptr, int64_t next_bytes = 0) {
+  // `next`: the bytes of the tile after this one, prefetched into L2 evenly over this tile's steps (the
+  // hardware prefetchers stop at 4 KiB pages, and each of NR short rows would restart cold).
+  const int64_t prefetch_step = (next_bytes / ((k + 15) / 16) + 64) / 64 * 64;
+  int64_t prefetched = 0;
   __m256 lo[MR][NR], hi[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) lo[i][j] = hi[i][j] = _mm256_setzero_ps();
+  int64_t base[NR];
+  for (int j = 0; j < NR; ++j) base[j] = w.scales.row_base(n + j);
+  const int steps_per_block = w.scales.steps_per_block();
+  int64_t block = 0;
+  int step = 0;
   for (int64_t p = 0; p < k; p += 16) {
+    for (const int64_t end = std::min(next_bytes, prefetched + prefetch_step); prefetched < end;
+         prefetched += 64)
+      _mm_prefetch(next + prefetched, _MM_HINT_T1);
     const TailMask mask(k - p);
+    const int64_t this_block = block;
+    if (++step == steps_per_block) {
+      step = 0;
+      ++block;
+    }
 #pragma GCC unroll 4
     for (int j = 0; j < NR; ++j) {
-      const V16 wv = w.load(n + j, p, k, mask);
+      const V16 wv = w.load(n + j, p, w.scales.get(base[j] + this_block), k, mask);
 #pragma GCC unroll 4
       for (int i = 0; i < MR; ++i) {
         const V16 xv = load_x(x + i * ldx + p, mask);
@@ -166,8 +201,16 @@ void tile(const Rows& w, int64_t n, int64_t k, const float* x, int64_t ldx, floa
 template <int MR, int NR, class Rows>
 void stream_rows(const Rows& w, const LinearArgs& a) {
   const int64_t k = a.w->cols;
+  const auto rows_bytes = [&](int64_t b, int64_t e) { return (e - b) * w.row_bytes; };
+  const auto row_ptr = [&](int64_t r) { return reinterpret_cast<const char*>(w.data + r * w.row_bytes); };
+  for (int64_t b = 0; b < rows_bytes(a.n0, std::min(a.n1, a.n0 + NR)); b += 64)
+    _mm_prefetch(row_ptr(a.n0) + b, _MM_HINT_T1);
   int64_t n = a.n0;
-  for (; n + NR <= a.n1; n += NR) tile<MR, NR>(w, n, k, a.x, a.ldx, a.y, a.ldy);
+  for (; n + NR <= a.n1; n += NR) {
+    const int64_t next_end = std::min(a.n1, n + 2 * NR);
+    w.prefetch_scales(n + NR, next_end);
+    tile<MR, NR>(w, n, k, a.x, a.ldx, a.y, a.ldy, row_ptr(n + NR), rows_bytes(n + NR, next_end));
+  }
   for (; n < a.n1; ++n) tile<MR, 1>(w, n, k, a.x, a.ldx, a.y, a.ldy);
 }
 
@@ -181,12 +224,13 @@ void panel_gemm(const Rows& w, const LinearArgs& a) {
     const int64_t n1 = std::min(a.n1, n0 + kPanel);
     for (int64_t n = n0; n < n1; ++n)
       for (int64_t p = 0; p < k; p += 16) {
-        const V16 v = w.load(n, p, k, TailMask(k - p));
+        const float scale = w.scales.get(w.scales.row_base(n) + p / 16 / w.scales.steps_per_block());
+        const V16 v = w.load(n, p, scale, k, TailMask(k - p));
         float* dst = panel.data() + (n - n0) * ld + p;
         _mm256_storeu_ps(dst, v.lo);
         _mm256_storeu_ps(dst + 8, v.hi);
       }
-    const F32Rows f{panel.data(), ld, n0};
+    const F32Rows f{panel.data(), ld, n0, {}};
     for (int64_t i = 0; i < a.m; i += 2) {
       const float* x = a.x + i * a.ldx;
       float* y = a.y + i * a.ldy;

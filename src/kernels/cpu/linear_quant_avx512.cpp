@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -40,8 +41,18 @@ struct Scales {
       table[c] = pw.format == WeightFormat::nvfp4 ? s * pw.global_scale : s;
     }
   }
-  float at(int64_t n, int64_t p) const {
-    const int64_t index = (n / w->block_rows) * w->scale_row_stride + p / w->block_cols;
+  // Scales are looked up by (row base + block counter): no division in the inner loops.
+  int64_t row_base(int64_t n) const { return (n / w->block_rows) * w->scale_row_stride; }
+  int steps_per_block() const { return w->block_cols / 16; }
+  // The scales of rows [b, e) into L2 (a few bytes per row block, but a stream of its own).
+  void prefetch(int64_t b, int64_t e) const {
+    if (b >= e) return;
+    const int64_t size = w->scale_type == ScaleType::f32 ? 4 : 1;
+    const char* p = reinterpret_cast<const char*>(w->scales) + row_base(b) * size;
+    const int64_t bytes = (row_base(e - 1) + w->scale_row_stride) * size - row_base(b) * size;
+    for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T1);
+  }
+  float get(int64_t index) const {
     if (w->scale_type == ScaleType::f32) {
       float s;
       std::memcpy(&s, w->scales + 4 * index, 4);
@@ -51,31 +62,34 @@ struct Scales {
   }
 };
 
-// E4M3 codes (one per 32-bit lane) → f32 by integer operations only (independent of denormals-are-zero):
-// normals rebias the exponent, subnormals are m · 2^-9 (exact through int → float), 0x7F is NaN.
-inline __m512 e4m3_to_ps(__m512i v) {
-  const __m512i mag = _mm512_and_si512(v, _mm512_set1_epi32(0x7F));
-  const __m512i sign = _mm512_maskz_slli_epi32(0xffff, _mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
-  const __m512i normal =
-      _mm512_add_epi32(_mm512_maskz_slli_epi32(0xffff, mag, 20), _mm512_set1_epi32(120 << 23));
-  const __m512 sub = _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(0xffff, mag), _mm512_set1_ps(1.0f / 512));
-  __m512 f = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8)),
-                                  _mm512_castsi512_ps(normal), sub);
-  f = _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F)),
-                         _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
-  return _mm512_or_ps(f, _mm512_castsi512_ps(sign));
+// 16 E4M3 codes → their values × 2^-8, exactly: the code's bits moved into binary16 position (S.EEEE.MMM →
+// S.0EEEE.MMM0000000) are the same number with the exponent bias 15 instead of 7, and the F16C conversion is
+// exact for every half, subnormals included (it ignores denormals-are-zero). 0x7F/0xFF become NaN.
+inline __m512 e4m3_to_ps_times_2m8(__m128i bytes) {
+  const __m256i b = _mm256_cvtepu8_epi16(bytes);
+  const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7F));
+  const __m256i half = _mm256_or_si256(_mm256_slli_epi16(mag, 7),
+                                       _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
+  return _mm512_mask_mov_ps(_mm512_maskz_cvtph_ps(0xffff, half),
+                            _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7F)),
+                            _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
 }
 
 struct Fp8Rows {
   const uint8_t* data;
   int64_t row_bytes;
   Scales scales;
+  void prefetch_scales(int64_t b, int64_t e) const { scales.prefetch(b, e); }
   explicit Fp8Rows(const PackedWeight& w)
       : data(reinterpret_cast<const uint8_t*>(w.data)), row_bytes(w.row_bytes), scales(w) {}
-  __m512 load(int64_t n, int64_t p, __mmask16 mask) const {
+  __m512 load(int64_t n, int64_t p, float scale, __mmask16 mask) const {
     const __m128i bytes = _mm_maskz_loadu_epi8(mask, data + n * row_bytes + p);
-    const __m512 v = e4m3_to_ps(_mm512_maskz_cvtepu8_epi32(0xffff, bytes));
-    return _mm512_maskz_mul_ps(mask, v, _mm512_set1_ps(scales.at(n, p)));
+    const __m512 v = e4m3_to_ps_times_2m8(bytes);
+    // (value · 2^-8) · (scale · 2^8) is the same real number as value · scale, so it rounds to the same f32,
+    // as long as scale · 2^8 is exact: only scales ≥ 2^119 (or NaN) take the two-step product.
+    if (__builtin_expect(std::fabs(scale) < 0x1p119f, 1))
+      return _mm512_maskz_mul_ps(mask, v, _mm512_set1_ps(scale * 256.0f));
+    return _mm512_maskz_mul_ps(mask, _mm512_mul_ps(v, _mm512_set1_ps(256.0f)), _mm512_set1_ps(scale));
   }
 };
 
@@ -85,42 +99,65 @@ struct Fp4Rows {
   int64_t row_bytes;
   Scales scales;
   __m512 lut;
+  void prefetch_scales(int64_t b, int64_t e) const { scales.prefetch(b, e); }
   explicit Fp4Rows(const PackedWeight& w)
       : data(reinterpret_cast<const uint8_t*>(w.data)),
         row_bytes(w.row_bytes),
         scales(w),
         lut(_mm512_loadu_ps(quant::kE2M1Values.data())) {}
-  __m512 load(int64_t n, int64_t p, __mmask16) const {  // k is a multiple of 16: no tail
+  __m512 load(int64_t n, int64_t p, float scale, __mmask16) const {  // k is a multiple of 16: no tail
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(data + n * row_bytes + p / 2));
     const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
     const __m512i idx = _mm512_maskz_cvtepu8_epi32(0xffff, _mm_unpacklo_epi8(lo, hi));
-    return _mm512_mul_ps(_mm512_maskz_permutexvar_ps(0xffff, idx, lut), _mm512_set1_ps(scales.at(n, p)));
+    return _mm512_mul_ps(_mm512_maskz_permutexvar_ps(0xffff, idx, lut), _mm512_set1_ps(scale));
   }
 };
 
-// Dequantised rows in an f32 panel (the prefill path).
+// Dequantised rows in an f32 panel (the prefill path): no scales.
 struct F32Rows {
   const float* data;
   int64_t ld, first_row;
-  __m512 load(int64_t n, int64_t p, __mmask16 mask) const {
+  struct NoScales {
+    int64_t row_base(int64_t) const { return 0; }
+    int steps_per_block() const { return 1 << 30; }
+    float get(int64_t) const { return 1.0f; }
+  } scales;
+  __m512 load(int64_t n, int64_t p, float, __mmask16 mask) const {
     return _mm512_maskz_loadu_ps(mask, data + (n - first_row) * ld + p);
   }
 };
 
 // MR x rows × NR weight rows starting at n; each step decodes NR weight vectors once for all MR rows.
 template <int MR, int NR, class Rows>
-void tile(const Rows& w, int64_t n, int64_t k, const float* x, int64_t ldx, float* y, int64_t ldy) {
+void tile(const Rows& w, int64_t n, int64_t k, const float* x, int64_t ldx, float* y, int64_t ldy,
+          const char* next = nullptr, int64_t next_bytes = 0) {
+  // `next`: the bytes of the tile after this one, prefetched into L2 evenly over this tile's steps (the
+  // hardware prefetchers stop at 4 KiB pages, and each of NR short rows would restart cold).
+  const int64_t prefetch_step = (next_bytes / ((k + 15) / 16) + 64) / 64 * 64;
+  int64_t prefetched = 0;
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  int64_t base[NR];
+  for (int j = 0; j < NR; ++j) base[j] = w.scales.row_base(n + j);
+  const int steps_per_block = w.scales.steps_per_block();
+  int64_t block = 0;
+  int step = 0;
   for (int64_t p = 0; p < k; p += 16) {
+    for (const int64_t end = std::min(next_bytes, prefetched + prefetch_step); prefetched < end;
+         prefetched += 64)
+      _mm_prefetch(next + prefetched, _MM_HINT_T1);
     const __mmask16 mask = tail_mask(k - p);
     __m512 wv[NR];
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) wv[j] = w.load(n + j, p, mask);
+    for (int j = 0; j < NR; ++j) wv[j] = w.load(n + j, p, w.scales.get(base[j] + block), mask);
+    if (++step == steps_per_block) {
+      step = 0;
+      ++block;
+    }
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i) {
       const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + p);
@@ -136,8 +173,16 @@ void tile(const Rows& w, int64_t n, int64_t k, const float* x, int64_t ldx, floa
 template <int MR, int NR, class Rows>
 void stream_rows(const Rows& w, const LinearArgs& a) {
   const int64_t k = a.w->cols;
+  const auto rows_bytes = [&](int64_t b, int64_t e) { return (e - b) * w.row_bytes; };
+  const auto row_ptr = [&](int64_t r) { return reinterpret_cast<const char*>(w.data + r * w.row_bytes); };
+  for (int64_t b = 0; b < rows_bytes(a.n0, std::min(a.n1, a.n0 + NR)); b += 64)
+    _mm_prefetch(row_ptr(a.n0) + b, _MM_HINT_T1);
   int64_t n = a.n0;
-  for (; n + NR <= a.n1; n += NR) tile<MR, NR>(w, n, k, a.x, a.ldx, a.y, a.ldy);
+  for (; n + NR <= a.n1; n += NR) {
+    const int64_t next_end = std::min(a.n1, n + 2 * NR);
+    w.prefetch_scales(n + NR, next_end);
+    tile<MR, NR>(w, n, k, a.x, a.ldx, a.y, a.ldy, row_ptr(n + NR), rows_bytes(n + NR, next_end));
+  }
   for (; n < a.n1; ++n) tile<MR, 1>(w, n, k, a.x, a.ldx, a.y, a.ldy);
 }
 
@@ -166,10 +211,15 @@ void panel_gemm(const Rows& w, const LinearArgs& a) {
   std::vector<float> panel(static_cast<size_t>(kPanel * ld));
   for (int64_t n0 = a.n0; n0 < a.n1; n0 += kPanel) {
     const int64_t n1 = std::min(a.n1, n0 + kPanel);
-    for (int64_t n = n0; n < n1; ++n)
-      for (int64_t p = 0; p < k; p += 16)
-        _mm512_storeu_ps(panel.data() + (n - n0) * ld + p, w.load(n, p, tail_mask(k - p)));
-    const F32Rows f{panel.data(), ld, n0};
+    for (int64_t n = n0; n < n1; ++n) {
+      const int64_t base = w.scales.row_base(n);
+      const int steps_per_block = w.scales.steps_per_block();
+      for (int64_t p = 0; p < k; p += 16) {
+        const float scale = w.scales.get(base + p / 16 / steps_per_block);
+        _mm512_storeu_ps(panel.data() + (n - n0) * ld + p, w.load(n, p, scale, tail_mask(k - p)));
+      }
+    }
+    const F32Rows f{panel.data(), ld, n0, {}};
     int64_t i = 0;
     for (; i + 4 <= a.m; i += 4) {
       int64_t n = n0;

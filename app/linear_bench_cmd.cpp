@@ -1,0 +1,168 @@
+#include "linear_bench_cmd.hpp"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cli_checks.hpp"
+#include "kernels/cpu_features.hpp"
+#include "kernels/kernels.hpp"
+#include "kernels/linear.hpp"
+#include "kernels/quant/quantize.hpp"
+#include "kernels/read_bandwidth.hpp"
+#include "stats.hpp"
+#include "xmoe/dtype.hpp"
+#include "xmoe/error.hpp"
+
+namespace xmoe::app {
+
+namespace {
+
+using kernels::PackedWeight;
+using kernels::WeightFormat;
+
+// One weight matrix in a format, with its bytes owned here.
+struct OwnedWeight {
+  std::vector<uint8_t> data, scales;
+  PackedWeight view;
+};
+
+OwnedWeight make_weight(WeightFormat f, const std::vector<float>& w, int64_t rows, int64_t cols) {
+  OwnedWeight o;
+  if (f == WeightFormat::bf16) {
+    o.data.resize(static_cast<size_t>(rows * cols) * 2);
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const uint16_t b = bf16::from_float(w[i]);
+      std::memcpy(o.data.data() + 2 * i, &b, 2);
+    }
+    o.view.format = f;
+    o.view.rows = rows;
+    o.view.cols = cols;
+    o.view.row_bytes = cols * 2;
+  } else {
+    kernels::quant::QuantizedMatrix q =
+        f == WeightFormat::fp8_block ? kernels::quant::quantize_fp8_block(w.data(), rows, cols)
+        : f == WeightFormat::mxfp4   ? kernels::quant::quantize_mxfp4(w.data(), rows, cols)
+                                     : kernels::quant::quantize_nvfp4(w.data(), rows, cols);
+    o.view = q.view();
+    o.data = std::move(q.data);
+    o.scales = std::move(q.scales);
+  }
+  o.view.data = reinterpret_cast<const std::byte*>(o.data.data());
+  o.view.scales = o.scales.empty() ? nullptr : reinterpret_cast<const std::byte*>(o.scales.data());
+  return o;
+}
+
+// Copies of one weight (distinct memory, so decode streams them from DRAM as it streams a model's experts).
+std::vector<OwnedWeight> copies(const OwnedWeight& w, size_t count) {
+  std::vector<OwnedWeight> out(count, w);
+  for (auto& c : out) {
+    c.view.data = reinterpret_cast<const std::byte*>(c.data.data());
+    c.view.scales = c.scales.empty() ? nullptr : reinterpret_cast<const std::byte*>(c.scales.data());
+  }
+  return out;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct Shape {
+  const char* what;
+  int64_t n, k;
+};
+
+}  // namespace
+
+CLI::App* add_linear_bench_subcommand(CLI::App& app, LinearBenchOptions& o) {
+  CLI::App* cmd = app.add_subcommand("linear-bench",
+                                     "Linear kernels per weight format (bf16, fp8_block, mxfp4, nvfp4) at "
+                                     "Qwen3-30B-A3B shapes: decode GB/s vs "
+                                     "the read-bandwidth probe, prefill GFLOP/s vs bf16, in one run");
+  cmd->add_option("--threads", o.threads, "OpenMP threads")->check(positive_integer())->capture_default_str();
+  cmd->add_option("--reps", o.reps, "timed repetitions (medians)")
+      ->check(positive_integer())
+      ->capture_default_str();
+  cmd->add_option("--stream-mb", o.stream_mb, "decode: MiB of distinct weight copies streamed per format")
+      ->check(positive_integer())
+      ->capture_default_str();
+  cmd->add_option("--prefill-rows", o.prefill_rows, "prefill: rows m")
+      ->check(positive_integer())
+      ->capture_default_str();
+  cmd->add_option("--isa", o.isa, "kernel level: reference | avx2 | avx512 | avx512_bf16 (default: best)")
+      ->check(CLI::IsMember({"reference", "avx2", "avx512", "avx512_bf16", "amx"}));
+  return cmd;
+}
+
+int run_linear_bench(const LinearBenchOptions& o) {
+  omp_set_num_threads(o.threads);
+  const auto features = kernels::detect_cpu_features();
+  const kernels::KernelTable& table = o.isa.empty()
+                                          ? kernels::best_kernel_table(features)
+                                          : kernels::kernel_table(kernels::parse_isa(o.isa), features);
+  std::printf("cpu: %s, kernel level %s, %d threads\n", features.str().c_str(), kernels::isa_name(table.isa),
+              o.threads);
+  const double probe_before = kernels::measure_read_bandwidth_gbs();
+  std::printf("read-bandwidth probe: %.2f GB/s\n", probe_before);
+
+  const Shape shapes[] = {
+      {"expert down", 2048, 768}, {"expert gate/up", 768, 2048}, {"attention q", 4096, 2048}};
+  const WeightFormat formats[] = {WeightFormat::bf16, WeightFormat::fp8_block, WeightFormat::mxfp4,
+                                  WeightFormat::nvfp4};
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::printf("\n%-15s %-10s %12s %10s %9s %14s %10s\n", "shape N x K", "format", "bytes/matrix",
+              "decode GB/s", "of probe", "prefill GFLOP/s", "vs bf16");
+  for (const Shape& s : shapes) {
+    std::vector<float> w(static_cast<size_t>(s.n * s.k));
+    for (auto& v : w) v = normal(rng);
+    std::vector<float> x(static_cast<size_t>(o.prefill_rows * s.k)),
+        y(static_cast<size_t>(o.prefill_rows * s.n));
+    for (auto& v : x) v = normal(rng);
+    double bf16_gflops = 0;
+    for (const WeightFormat f : formats) {
+      const OwnedWeight one = make_weight(f, w, s.n, s.k);
+      const size_t bytes = one.view.bytes();
+      // Decode: m = 1 over distinct copies, each read once per pass.
+      const size_t count = std::max<size_t>(2, static_cast<size_t>(o.stream_mb << 20) / bytes);
+      double gbs;
+      {
+        const std::vector<OwnedWeight> set = copies(one, count);
+        std::vector<double> rates;
+        for (int r = 0; r <= o.reps; ++r) {
+          const auto t0 = std::chrono::steady_clock::now();
+          for (const auto& c : set) kernels::linear_forward(table, c.view, x.data(), 1, y.data());
+          const double t = seconds_since(t0);
+          if (r > 0)
+            rates.push_back(static_cast<double>(bytes * count) / t / 1e9);  // the first pass warms up
+        }
+        gbs = median(rates);
+      }
+      // Prefill: m rows over one matrix.
+      std::vector<double> gflops;
+      for (int r = 0; r <= o.reps; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        kernels::linear_forward(table, one.view, x.data(), o.prefill_rows, y.data());
+        const double t = seconds_since(t0);
+        if (r > 0) gflops.push_back(2.0 * static_cast<double>(o.prefill_rows * s.n * s.k) / t / 1e9);
+      }
+      const double pf = median(gflops);
+      if (f == WeightFormat::bf16) bf16_gflops = pf;
+      char shape[32];
+      std::snprintf(shape, sizeof(shape), "%lldx%lld", static_cast<long long>(s.n),
+                    static_cast<long long>(s.k));
+      std::printf("%-15s %-10s %12zu %10.2f %8.0f%% %14.1f %9.2fx\n", shape, kernels::weight_format_name(f),
+                  bytes, gbs, 100.0 * gbs / probe_before, pf, pf / bf16_gflops);
+    }
+  }
+  const double probe_after = kernels::measure_read_bandwidth_gbs();
+  std::printf("\nread-bandwidth probe after: %.2f GB/s (shares above are of the first probe, %.2f GB/s)\n",
+              probe_after, probe_before);
+  return 0;
+}
+
+}  // namespace xmoe::app

@@ -1,0 +1,21 @@
+// `xmoe linear-bench`: the linear kernels per weight format at Qwen3-30B-A3B's shapes. Decode-shaped (m = 1)
+// weight streaming in GB/s as a share of the read-bandwidth probe measured in the same run, and
+// prefill-shaped (m = 512) GFLOP/s against the BF16 linear in the same run. Medians.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <string>
+
+namespace xmoe::app {
+
+struct LinearBenchOptions {
+  int threads = 2;
+  int reps = 7;
+  int64_t stream_mb = 512;  // decode: distinct weight copies per format, well above the last-level cache
+  int64_t prefill_rows = 512;
+  std::string isa;  // "" = best
+};
+
+CLI::App* add_linear_bench_subcommand(CLI::App& app, LinearBenchOptions& o);
+int run_linear_bench(const LinearBenchOptions& o);
+
+}  // namespace xmoe::app
