@@ -70,7 +70,7 @@ void check_format(WeightFormat f, const std::vector<Shape>& shapes) {
       if (m == 200 && s.n * s.k > 40000) continue;  // keep the reference's time small
       const int64_t ldx = s.k + 3, ldy = s.n + 2;
       const auto x = random_values(static_cast<size_t>(m * ldx), rng);
-      for (const auto [n0, n1] : {std::pair<int64_t, int64_t>{0, s.n}, {s.n / 3, s.n - s.n / 4}}) {
+      for (const auto& [n0, n1] : {std::pair<int64_t, int64_t>{0, s.n}, {s.n / 3, s.n - s.n / 4}}) {
         if (n0 >= n1) continue;
         const auto want = run(reference_kernel_table(), w, x, m, ldx, n0, n1, ldy);
         for (const Isa isa : levels) {
