@@ -5,7 +5,8 @@
 //    w[n, k] = decode(q[n, k]) · multiplier(n, k) — exactly PackedWeight::row_to_f32, i.e. PyTorch's
 //    dequantisation (the multiplier is NVFP4's e4m3(weight_scale) · weight_scale_2 as one f32 product);
 //  * then the f32/bf16 linears' order (linear_lanes.hpp): lane l (0..15) takes the products x[i, k] · w[n, k]
-//    with k ≡ l (mod 16) in ascending k as one FMA chain, and the lanes are added by reduce_lanes' fixed tree.
+//    with k ≡ l (mod 16) in ascending k as one FMA chain, and the lanes are added by reduce_lanes' fixed
+//    tree.
 // So a quantized linear equals the f32 linear over the dequantised weight. Each entry picks its own
 // blocking by m: up to 3 rows decode in registers while the weight streams once; more rows dequantise a panel
 // of weight rows once into f32 and run a register-blocked GEMM over it.
@@ -34,6 +35,11 @@ namespace quant {
 // Checks the arguments every variant relies on (format, scale geometry, ranges); throws xmoe::Error naming
 // the field.
 void check_linear_args(const LinearArgs& args, WeightFormat format);
+// table[c] = the block multiplier of scale code c (E8M0 / E4M3; times the global scale for NVFP4), exactly as
+// quant::block_multiplier computes it. Defined in a baseline-ISA file so the vector files need no inline
+// scalar decoders of their own (an inline function compiled with AVX-512 flags could be the copy the linker
+// keeps for every caller).
+void fill_scale_table(const PackedWeight& w, float table[256]);
 }  // namespace quant
 
 }  // namespace xmoe::kernels

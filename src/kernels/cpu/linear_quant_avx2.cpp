@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "kernels/cpu/linear_quant.hpp"
-#include "kernels/quant/block_scale.hpp"
 #include "kernels/quant/codecs.hpp"
 
 namespace xmoe::kernels::avx2 {
@@ -43,17 +42,14 @@ inline V16 load_x(const float* x, const TailMask& m) {
   return {_mm256_maskload_ps(x, m.lo), _mm256_maskload_ps(x + 8, m.hi)};
 }
 
-// Block multipliers as f32 per 16 columns; E8M0 / E4M3 codes through a per-call table built with the
-// reference's expression (quant::block_multiplier), so the products are the same bits.
+// Block multipliers as f32 per 16 columns; E8M0 / E4M3 codes through a per-call table built by
+// quant::fill_scale_table (the reference's expression, so the products are the same bits; compiled at the
+// baseline level, so no inline decoder is emitted here with this file's flags).
 struct Scales {
   const PackedWeight* w;
   float table[256];
   explicit Scales(const PackedWeight& pw) : w(&pw) {
-    if (pw.scale_type == ScaleType::f32) return;
-    for (int c = 0; c < 256; ++c) {
-      const float s = quant::decode_scale(pw.scale_type, reinterpret_cast<const std::byte*>(&c), 0);
-      table[c] = pw.format == WeightFormat::nvfp4 ? s * pw.global_scale : s;
-    }
+    if (pw.scale_type != ScaleType::f32) quant::fill_scale_table(pw, table);
   }
   // Scales are looked up by (row base + block counter): no division in the inner loops.
   int64_t row_base(int64_t n) const { return (n / w->block_rows) * w->scale_row_stride; }

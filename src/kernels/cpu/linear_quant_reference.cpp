@@ -5,11 +5,20 @@
 
 #include "kernels/cpu/linear_lanes.hpp"
 #include "kernels/cpu/linear_quant.hpp"
+#include "kernels/quant/block_scale.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::kernels {
 
 namespace quant {
+void fill_scale_table(const PackedWeight& w, float table[256]) {
+  for (int c = 0; c < 256; ++c) {
+    const std::byte code{static_cast<unsigned char>(c)};
+    const float s = decode_scale(w.scale_type, &code, 0);
+    table[c] = w.format == WeightFormat::nvfp4 ? s * w.global_scale : s;
+  }
+}
+
 void check_linear_args(const LinearArgs& a, WeightFormat format) {
   XMOE_CHECK(a.w != nullptr, "linear: weight is null");
   const PackedWeight& w = *a.w;
