@@ -5,7 +5,7 @@
 
 #include "kernels/cpu/linear_lanes.hpp"
 #include "kernels/cpu/linear_quant.hpp"
-#include "kernels/quant/block_scale.hpp"
+#include "kernels/quant/codecs.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::kernels {
@@ -13,8 +13,8 @@ namespace xmoe::kernels {
 namespace quant {
 void fill_scale_table(const PackedWeight& w, float table[256]) {
   for (int c = 0; c < 256; ++c) {
-    const std::byte code{static_cast<unsigned char>(c)};
-    const float s = decode_scale(w.scale_type, &code, 0);
+    const uint8_t code = static_cast<uint8_t>(c);
+    const float s = w.scale_type == ScaleType::e8m0 ? e8m0_to_f32(code) : e4m3_to_f32(code);
     table[c] = w.format == WeightFormat::nvfp4 ? s * w.global_scale : s;
   }
 }
