@@ -183,8 +183,6 @@ void write_config_files(const InitModelOptions& o, const llm::ModelConfig& confi
   write_text_file(o.out + "/generation_config.json", gen.dump(2) + "\n");
 }
 
-// Streams every planned tensor into its shard (and writes the index when there are several); returns the
-// bytes of weights written.
 // A quantized linear: its f32 values generated whole (the largest is an attention projection, tens of MB),
 // quantized, and their bytes returned in output_specs' order. NVFP4's gate and up share the global scale of
 // the pair, so the partner's values are generated too to find it.
@@ -209,6 +207,8 @@ std::vector<std::vector<uint8_t>> quantized_linear(uint64_t seed, const std::vec
   return quantized_tensor_bytes(quant, w.data(), t.shape[0], t.shape[1], scale_2);
 }
 
+// Streams every planned tensor into its shard (and writes the index when there are several); returns the
+// bytes of weights written.
 size_t write_weights(const InitModelOptions& o, const std::vector<PlannedTensor>& plan,
                      const std::vector<Shard>& shards, OutDType dt, const std::optional<QuantTarget>& quant) {
   size_t total = 0;

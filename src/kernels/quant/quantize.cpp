@@ -64,6 +64,8 @@ QuantizedMatrix quantize_fp8_block(const float* w, int64_t rows, int64_t cols, b
   q.scale_shape = {srows, scols};
   q.scales.resize(static_cast<size_t>(srows * scols) * 4);
   q.data.resize(static_cast<size_t>(rows * cols));
+  // Blocks are independent: threads change nothing in the result.
+#pragma omp parallel for collapse(2) schedule(static) if (rows * cols > (1 << 18))
   for (int64_t br = 0; br < srows; ++br)
     for (int64_t bc = 0; bc < scols; ++bc) {
       const int64_t r0 = br * block, r1 = std::min(rows, r0 + block);
@@ -100,6 +102,7 @@ QuantizedMatrix quantize_mxfp4(const float* w, int64_t rows, int64_t cols) {
   q.scale_shape = {rows, cols / 32};
   q.scales.resize(static_cast<size_t>(rows * cols / 32));
   q.data.resize(static_cast<size_t>(rows * cols / 2));
+#pragma omp parallel for schedule(static) if (rows * cols > (1 << 18))
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < cols / 32; ++b) {
       const float* src = w + r * cols + b * 32;
@@ -135,6 +138,7 @@ QuantizedMatrix quantize_nvfp4(const float* w, int64_t rows, int64_t cols, float
   q.data.resize(static_cast<size_t>(rows * cols / 2));
   const float six_gs = kE2M1Max * weight_scale_2;
   const auto nibble = [](float v) { return f32_to_e2m1(v == 0.0f ? 0.0f : v); };  // w < 0 decides the sign
+#pragma omp parallel for schedule(static) if (rows * cols > (1 << 18))
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < cols / 16; ++b) {
       const float* src = w + r * cols + b * 16;
