@@ -170,13 +170,13 @@ void stream_rows(const Rows& w, const LinearArgs& a) {
   const int64_t k = a.w->cols;
   const auto rows_bytes = [&](int64_t b, int64_t e) { return (e - b) * w.row_bytes; };
   const auto row_ptr = [&](int64_t r) { return reinterpret_cast<const char*>(w.data + r * w.row_bytes); };
-  for (int64_t b = 0; b < rows_bytes(a.n0, std::min(a.n1, a.n0 + NR)); b += 64)
+  for (int64_t b = 0; b < rows_bytes(a.n0, std::min(a.n1, a.n0 + 2 * NR)); b += 64)
     _mm_prefetch(row_ptr(a.n0) + b, _MM_HINT_T1);
   int64_t n = a.n0;
   for (; n + NR <= a.n1; n += NR) {
-    const int64_t next_end = std::min(a.n1, n + 2 * NR);
-    w.prefetch_scales(n + NR, next_end);
-    tile<MR, NR>(w, n, k, a.x, a.ldx, a.y, a.ldy, row_ptr(n + NR), rows_bytes(n + NR, next_end));
+    const int64_t next_begin = std::min(a.n1, n + 2 * NR), next_end = std::min(a.n1, n + 3 * NR);
+    w.prefetch_scales(next_begin, next_end);
+    tile<MR, NR>(w, n, k, a.x, a.ldx, a.y, a.ldy, row_ptr(next_begin), rows_bytes(next_begin, next_end));
   }
   for (; n < a.n1; ++n) tile<MR, 1>(w, n, k, a.x, a.ldx, a.y, a.ldy);
 }
