@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/linear_quant.hpp"
@@ -181,6 +182,203 @@ void stream_rows(const Rows& w, const LinearArgs& a) {
   for (; n < a.n1; ++n) tile<MR, 1>(w, n, k, a.x, a.ldx, a.y, a.ldy);
 }
 
+// The decode path's per-block decoders (m ≤ 3): the block multiplier is folded once per block and weight row
+// (FP8: one broadcast of scale · 2^8; FP4: the 16-entry E2M1 table times the multiplier, so a nibble's value
+// and its product with the multiplier come out of one vpermps, the same f32 product as decode-then-multiply),
+// leaving a handful of vector instructions per 16 weights.
+struct Fp8Decoder {
+  using Block = __m512;
+  static constexpr bool kPermuted = false;
+  static __m512i logical_of_physical() { return _mm512_setzero_si512(); }
+  static __m512i physical_of_logical() { return _mm512_setzero_si512(); }
+  // NaN codes (S.1111.111) are tracked instead of decoded: the caller redoes a tile that had one by the exact
+  // path. Codes with |bytes| OR 0x80 == 0xFF are the NaNs, so a running byte maximum of that finds them.
+  struct Guard {
+    __m128i max = _mm_setzero_si128();
+    bool clean() const { return _mm_movemask_epi8(_mm_cmpeq_epi8(max, _mm_set1_epi8(-1))) == 0; }
+  };
+  static Block block(float scale) { return _mm512_set1_ps(scale * 256.0f); }
+  static __m512 decode(const uint8_t* row, int64_t p, Block b, Guard& g) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + p));
+    return finish(raw, b, g);
+  }
+  static __m512 decode_tail(const uint8_t* row, int64_t p, Block b, Guard& g, __mmask16 mask) {
+    return _mm512_maskz_mov_ps(mask, finish(_mm_maskz_loadu_epi8(mask, row + p), b, g));
+  }
+  // Sign-extended to 16 bits, shifted left by 7: bits 7..13 hold E.MMM, bits 14 and 15 the sign; clearing bit
+  // 14 leaves the binary16 whose value is the E4M3 value × 2^-8 (see e4m3_to_ps_times_2m8).
+  static __m512 finish(__m128i raw, Block b, Guard& g) {
+    g.max = _mm_max_epu8(g.max, _mm_or_si128(raw, _mm_set1_epi8(-128)));
+    const __m256i half = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 7),
+                                          _mm256_set1_epi16(static_cast<short>(0xBF80)));
+    return _mm512_mul_ps(_mm512_maskz_cvtph_ps(0xffff, half), b);
+  }
+};
+
+// FP4 lanes are kept in a fixed permuted order: 8 bytes broadcast to every qword, each dword shifted right by
+// its own count, leave nibble j (element p + j) in physical lane 2j and nibble 8 + j in lane 2j + 1 (vpermps
+// reads only an index's low 4 bits). x is loaded in the same permutation (one vpermps per step, shared by the
+// NR weight rows) and the accumulators are put back in lane order before the reduction, so every lane's FMA
+// chain is the one linear_lanes.hpp prescribes.
+struct Fp4Decoder {
+  using Block = __m512;
+  struct Guard {
+    static bool clean() { return true; }
+  };
+  static constexpr bool kPermuted = true;
+  // Physical lane 2j holds logical lane j, lane 2j + 1 holds lane 8 + j.
+  static __m512i logical_of_physical() {
+    return _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  }
+  static __m512i physical_of_logical() {
+    return _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  }
+  __m512 lut = _mm512_loadu_ps(quant::kE2M1Values.data());
+  __m512i shifts = _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
+  Block block(float scale) const { return _mm512_mul_ps(lut, _mm512_set1_ps(scale)); }
+  __m512 decode(const uint8_t* row, int64_t p, Block b, Guard&) const {
+    int64_t q;
+    std::memcpy(&q, row + p / 2, 8);
+    const __m512i nibbles = _mm512_maskz_srlv_epi32(0xffff, _mm512_set1_epi64(q), shifts);
+    return _mm512_maskz_permutexvar_ps(0xffff, nibbles, b);
+  }
+  __m512 decode_tail(const uint8_t* row, int64_t p, Block b, Guard& g, __mmask16) const {
+    return decode(row, p, b, g);  // k is a multiple of 16: never a partial step
+  }
+};
+
+// The decode tile: MR (< 4) x rows × NR weight rows, walking k block by block so each row's multiplier is
+// prepared once per block. Returns false when the decoder met a code it leaves to the exact path.
+template <int MR, int NR, int BC, class Dec>
+bool fast_tile(const Dec& dec, const Scales& sc, const uint8_t* data, int64_t row_bytes, int64_t n, int64_t k,
+               const float* x, int64_t ldx, float* y, int64_t ldy, const char* next, int64_t next_bytes) {
+  const int64_t prefetch_step = (next_bytes / ((k + 15) / 16) + 64) / 64 * 64;
+  int64_t prefetched = 0;
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  int64_t base[NR];
+  const uint8_t* row[NR];
+  for (int j = 0; j < NR; ++j) {
+    base[j] = sc.row_base(n + j);
+    row[j] = data + (n + j) * row_bytes;
+  }
+  typename Dec::Guard guard;
+  const __m512i x_perm = Dec::logical_of_physical();
+  if constexpr (BC > 0) {
+    // Blocks of one or two steps (FP4): one flat loop over k, each row's multiplier looked up per step from
+    // the code table (a nested block loop would run only once or twice per entry).
+    const uint8_t* codes[NR];
+    for (int j = 0; j < NR; ++j) codes[j] = reinterpret_cast<const uint8_t*>(sc.w->scales) + base[j];
+    for (int64_t p = 0; p < k; p += 16) {
+      for (const int64_t end = std::min(next_bytes, prefetched + prefetch_step); prefetched < end;
+           prefetched += 64)
+        _mm_prefetch(next + prefetched, _MM_HINT_T1);
+      __m512 wv[NR];
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j)
+        wv[j] = dec.decode(row[j], p, dec.block(sc.table[codes[j][p / BC]]), guard);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        const __m512 xv = _mm512_maskz_permutexvar_ps(0xffff, x_perm, _mm512_loadu_ps(x + i * ldx + p));
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+      }
+    }
+  } else {
+    const int64_t block_cols = sc.w->block_cols;
+    int64_t block = 0;
+    for (int64_t p0 = 0; p0 < k; p0 += block_cols, ++block) {
+      typename Dec::Block mult[NR];
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) mult[j] = dec.block(sc.get(base[j] + block));
+      const int64_t pe = std::min(k, p0 + block_cols);
+      int64_t p = p0;
+      for (; p + 16 <= pe; p += 16) {
+        for (const int64_t end = std::min(next_bytes, prefetched + prefetch_step); prefetched < end;
+             prefetched += 64)
+          _mm_prefetch(next + prefetched, _MM_HINT_T1);
+        __m512 wv[NR];
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) wv[j] = dec.decode(row[j], p, mult[j], guard);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+          __m512 xv = _mm512_loadu_ps(x + i * ldx + p);
+          if constexpr (Dec::kPermuted) xv = _mm512_maskz_permutexvar_ps(0xffff, x_perm, xv);
+#pragma GCC unroll 8
+          for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+      }
+      if (p < pe) {  // only FP8 (k a multiple of 16 otherwise): lanes in order
+        const __mmask16 mask = tail_mask(pe - p);
+        __m512 wv[NR];
+        for (int j = 0; j < NR; ++j) wv[j] = dec.decode_tail(row[j], p, mult[j], guard, mask);
+        for (int i = 0; i < MR; ++i) {
+          const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + p);
+          for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+      }
+    }
+  }
+  const __m512i back = Dec::physical_of_logical();
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      if constexpr (Dec::kPermuted) acc[i][j] = _mm512_maskz_permutexvar_ps(0xffff, back, acc[i][j]);
+      y[i * ldy + n + j] = reduce16(acc[i][j]);
+    }
+  return guard.clean();
+}
+
+// FP8's decode path multiplies by scale · 2^8, exact only below 2^119: a weight with a larger (or NaN) block
+// scale among rows [n0, n1) takes the two-step products of Fp8Rows::load instead.
+bool fp8_scales_foldable(const Scales& sc, int64_t n0, int64_t n1) {
+  const PackedWeight& w = *sc.w;
+  const int64_t blocks = (w.cols + w.block_cols - 1) / w.block_cols;
+  for (int64_t r = n0 / w.block_rows; r * w.block_rows < n1; ++r)
+    for (int64_t b = 0; b < blocks; ++b)
+      if (!(std::fabs(sc.get(r * w.scale_row_stride + b)) < 0x1p119f)) return false;
+  return true;
+}
+
+// Decode with the per-block decoders; a tile the decoder declines is redone by the exact tile over `exact`.
+template <int MR, int NR, int BC, class Dec, class Rows>
+void stream_rows_fast(const Dec& dec, const Rows& exact, const LinearArgs& a) {
+  const int64_t k = a.w->cols;
+  const auto rows_bytes = [&](int64_t b, int64_t e) { return (e - b) * exact.row_bytes; };
+  const auto row_ptr = [&](int64_t r) {
+    return reinterpret_cast<const char*>(exact.data + r * exact.row_bytes);
+  };
+  for (int64_t b = 0; b < rows_bytes(a.n0, std::min(a.n1, a.n0 + 2 * NR)); b += 64)
+    _mm_prefetch(row_ptr(a.n0) + b, _MM_HINT_T1);
+  const auto run = [&]<int R>(int64_t n, const char* next, int64_t next_bytes) {
+    if (!fast_tile<MR, R, BC>(dec, exact.scales, exact.data, exact.row_bytes, n, k, a.x, a.ldx, a.y, a.ldy,
+                              next, next_bytes))
+      tile<MR, R>(exact, n, k, a.x, a.ldx, a.y, a.ldy);
+  };
+  int64_t n = a.n0;
+  for (; n + NR <= a.n1; n += NR) {
+    const int64_t next_begin = std::min(a.n1, n + 2 * NR), next_end = std::min(a.n1, n + 3 * NR);
+    exact.prefetch_scales(next_begin, next_end);
+    run.template operator()<NR>(n, row_ptr(next_begin), rows_bytes(next_begin, next_end));
+  }
+  for (; n < a.n1; ++n) run.template operator()<1>(n, nullptr, 0);
+}
+
+// BC: the block width when a block is one or two steps (FP4), 0 for the block loop (FP8).
+template <int BC, class Dec, class Rows>
+void stream_fast(const Dec& dec, const Rows& w, const LinearArgs& a) {
+  switch (a.m) {
+    case 1:
+      return stream_rows_fast<1, 8, BC>(dec, w, a);
+    case 2:
+      return stream_rows_fast<2, 8, BC>(dec, w, a);
+    default:
+      return stream_rows_fast<3, 4, BC>(dec, w, a);
+  }
+}
+
 template <int NR>
 void panel_row_tail(const F32Rows& w, int64_t n, int64_t k, const LinearArgs& a, int64_t i) {
   const float* x = a.x + i * a.ldx;
@@ -234,6 +432,14 @@ void linear(const LinearArgs& a, WeightFormat format) {
   quant::check_linear_args(a, format);
   if (a.m == 0 || a.n0 == a.n1) return;
   const Rows w(*a.w);
+  if (a.m <= 3) {
+    if constexpr (std::is_same_v<Rows, Fp4Rows>) {
+      if (format == WeightFormat::mxfp4) return stream_fast<32>(Fp4Decoder{}, w, a);
+      return stream_fast<16>(Fp4Decoder{}, w, a);
+    }
+    if constexpr (std::is_same_v<Rows, Fp8Rows>)
+      if (fp8_scales_foldable(w.scales, a.n0, a.n1)) return stream_fast<0>(Fp8Decoder{}, w, a);
+  }
   switch (a.m) {
     case 1:
       return stream_rows<1, 8>(w, a);
