@@ -131,5 +131,29 @@ TEST(QuantLinear, NaNCodesAndScales) {
   }
 }
 
+// NaN element codes among ordinary block scales, at the decode shapes (m = 1..3, where the fast decode paths
+// run) and one row past a full tile: each NaN poisons its own column's outputs only, exactly as the
+// reference.
+TEST(QuantLinear, NaNCodesAtDecodeShapes) {
+  const CpuFeatures features = detect_cpu_features();
+  std::mt19937 rng(13);
+  const int64_t n = 19, k = 272;
+  auto fp8 = quantize_fp8_block(random_values(n * k, rng).data(), n, k);
+  fp8.data[3 * k + 17] = 0x7F;   // row 3
+  fp8.data[9 * k + 270] = 0xFF;  // row 9, in the k tail
+  fp8.data[18 * k + 0] = 0xFF;   // row 18, a single-row tile
+  const PackedWeight w = fp8.view();
+  for (const int64_t m : {1, 2, 3}) {
+    const auto x = random_values(static_cast<size_t>(m * k), rng);
+    const auto want = run(reference_kernel_table(), w, x, m, k, 0, n, n);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        EXPECT_EQ(std::isnan(want[i * n + j]), j == 3 || j == 9 || j == 18) << i << ", " << j;
+    for (const Isa isa : vector_levels())
+      expect_same(run(kernel_table(isa, features), w, x, m, k, 0, n, n), want,
+                  "fp8 NaN codes m=" + std::to_string(m) + " " + isa_name(isa));
+  }
+}
+
 }  // namespace
 }  // namespace xmoe::kernels::quant

@@ -268,23 +268,28 @@ bool fast_tile(const Dec& dec, const Scales& sc, const uint8_t* data, int64_t ro
   typename Dec::Guard guard;
   const __m512i x_perm = Dec::logical_of_physical();
   if constexpr (BC > 0) {
-    // Blocks of one or two steps (FP4): one flat loop over k, each row's multiplier looked up per step from
-    // the code table (a nested block loop would run only once or twice per entry).
+    // Blocks of one or two steps (FP4): the block loop with its step count known at compile time, each row's
+    // table scaled once per block.
     const uint8_t* codes[NR];
     for (int j = 0; j < NR; ++j) codes[j] = reinterpret_cast<const uint8_t*>(sc.w->scales) + base[j];
-    for (int64_t p = 0; p < k; p += 16) {
-      for (const int64_t end = std::min(next_bytes, prefetched + prefetch_step); prefetched < end;
-           prefetched += 64)
-        _mm_prefetch(next + prefetched, _MM_HINT_T1);
-      __m512 wv[NR];
+    for (int64_t p0 = 0; p0 < k; p0 += BC) {
+      typename Dec::Block mult[NR];
 #pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j)
-        wv[j] = dec.decode(row[j], p, dec.block(sc.table[codes[j][p / BC]]), guard);
+      for (int j = 0; j < NR; ++j) mult[j] = dec.block(sc.table[codes[j][p0 / BC]]);
+#pragma GCC unroll 2
+      for (int64_t p = p0; p < p0 + BC; p += 16) {
+        for (const int64_t end = std::min(next_bytes, prefetched + prefetch_step); prefetched < end;
+             prefetched += 64)
+          _mm_prefetch(next + prefetched, _MM_HINT_T1);
+        __m512 wv[NR];
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) wv[j] = dec.decode(row[j], p, mult[j], guard);
 #pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) {
-        const __m512 xv = _mm512_maskz_permutexvar_ps(0xffff, x_perm, _mm512_loadu_ps(x + i * ldx + p));
+        for (int i = 0; i < MR; ++i) {
+          const __m512 xv = _mm512_maskz_permutexvar_ps(0xffff, x_perm, _mm512_loadu_ps(x + i * ldx + p));
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+          for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
       }
     }
   } else {
