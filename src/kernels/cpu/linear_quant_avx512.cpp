@@ -188,11 +188,9 @@ void stream_rows(const Rows& w, const LinearArgs& a) {
 // leaving a handful of vector instructions per 16 weights.
 struct Fp8Decoder {
   using Block = __m512;
-  static constexpr bool kPermuted = false;
-  static __m512i logical_of_physical() { return _mm512_setzero_si512(); }
-  static __m512i physical_of_logical() { return _mm512_setzero_si512(); }
   // NaN codes (S.1111.111) are tracked instead of decoded: the caller redoes a tile that had one by the exact
-  // path. Codes with |bytes| OR 0x80 == 0xFF are the NaNs, so a running byte maximum of that finds them.
+  // path. A code is NaN when (code | 0x80) == 0xFF, the largest byte, so a running maximum of that finds
+  // them.
   struct Guard {
     __m128i max = _mm_setzero_si128();
     bool clean() const { return _mm_movemask_epi8(_mm_cmpeq_epi8(max, _mm_set1_epi8(-1))) == 0; }
@@ -225,7 +223,6 @@ struct Fp4Decoder {
   struct Guard {
     static bool clean() { return true; }
   };
-  static constexpr bool kPermuted = true;
   // Physical lane 2j holds logical lane j, lane 2j + 1 holds lane 8 + j.
   static __m512i logical_of_physical() {
     return _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
@@ -242,13 +239,11 @@ struct Fp4Decoder {
     const __m512i nibbles = _mm512_maskz_srlv_epi32(0xffff, _mm512_set1_epi64(q), shifts);
     return _mm512_maskz_permutexvar_ps(0xffff, nibbles, b);
   }
-  __m512 decode_tail(const uint8_t* row, int64_t p, Block b, Guard& g, __mmask16) const {
-    return decode(row, p, b, g);  // k is a multiple of 16: never a partial step
-  }
 };
 
 // The decode tile: MR (< 4) x rows × NR weight rows, walking k block by block so each row's multiplier is
-// prepared once per block. Returns false when the decoder met a code it leaves to the exact path.
+// prepared once per block (BC: a compile-time block width for FP4, 0 for the block loop FP8 takes). Returns
+// false when the decoder met a code it leaves to the exact path.
 template <int MR, int NR, int BC, class Dec>
 bool fast_tile(const Dec& dec, const Scales& sc, const uint8_t* data, int64_t row_bytes, int64_t n, int64_t k,
                const float* x, int64_t ldx, float* y, int64_t ldy, const char* next, int64_t next_bytes) {
@@ -266,10 +261,10 @@ bool fast_tile(const Dec& dec, const Scales& sc, const uint8_t* data, int64_t ro
     row[j] = data + (n + j) * row_bytes;
   }
   typename Dec::Guard guard;
-  const __m512i x_perm = Dec::logical_of_physical();
   if constexpr (BC > 0) {
     // Blocks of one or two steps (FP4): the block loop with its step count known at compile time, each row's
     // table scaled once per block.
+    const __m512i x_perm = Dec::logical_of_physical();
     const uint8_t* codes[NR];
     for (int j = 0; j < NR; ++j) codes[j] = reinterpret_cast<const uint8_t*>(sc.w->scales) + base[j];
     for (int64_t p0 = 0; p0 < k; p0 += BC) {
@@ -310,13 +305,12 @@ bool fast_tile(const Dec& dec, const Scales& sc, const uint8_t* data, int64_t ro
         for (int j = 0; j < NR; ++j) wv[j] = dec.decode(row[j], p, mult[j], guard);
 #pragma GCC unroll 4
         for (int i = 0; i < MR; ++i) {
-          __m512 xv = _mm512_loadu_ps(x + i * ldx + p);
-          if constexpr (Dec::kPermuted) xv = _mm512_maskz_permutexvar_ps(0xffff, x_perm, xv);
+          const __m512 xv = _mm512_loadu_ps(x + i * ldx + p);
 #pragma GCC unroll 8
           for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
         }
       }
-      if (p < pe) {  // only FP8 (k a multiple of 16 otherwise): lanes in order
+      if (p < pe) {  // FP8's k tail (FP4's k is a multiple of 16)
         const __mmask16 mask = tail_mask(pe - p);
         __m512 wv[NR];
         for (int j = 0; j < NR; ++j) wv[j] = dec.decode_tail(row[j], p, mult[j], guard, mask);
@@ -327,10 +321,10 @@ bool fast_tile(const Dec& dec, const Scales& sc, const uint8_t* data, int64_t ro
       }
     }
   }
-  const __m512i back = Dec::physical_of_logical();
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) {
-      if constexpr (Dec::kPermuted) acc[i][j] = _mm512_maskz_permutexvar_ps(0xffff, back, acc[i][j]);
+      if constexpr (BC > 0)  // FP4's lanes back in order
+        acc[i][j] = _mm512_maskz_permutexvar_ps(0xffff, Dec::physical_of_logical(), acc[i][j]);
       y[i * ldy + n + j] = reduce16(acc[i][j]);
     }
   return guard.clean();
