@@ -51,6 +51,19 @@ TEST(QuantizedModels, Bf16DtypeKeepsGreedyIds) {
   }
 }
 
+// The model reads weights from the mapped files in place and keeps the mappings alive itself.
+TEST(QuantizedModels, ModelOutlivesItsCheckpointObject) {
+  std::unique_ptr<CausalLM> model;
+  {
+    const Checkpoint ckpt = Checkpoint::open(kModels + "/quant-nvfp4-ct");
+    LoadOptions o;
+    o.dtype = DType::bf16;
+    model = load_model(ckpt, o);
+  }
+  const Prompt p = load_expected("quant-nvfp4").front();
+  EXPECT_EQ(run_alone(*model, p.ids, static_cast<int>(p.greedy.size())).greedy, p.greedy);
+}
+
 // Every kernel level gives the best one's logits to 1e-5 (the linear kernels agree bit for bit; the
 // elementwise ones, exp in SiLU and softmax, differ in the last bits).
 TEST(QuantizedModels, LowerKernelLevelsAgreeWithTheBest) {
