@@ -45,7 +45,9 @@ class CausalLM {
   virtual uint64_t weight_bytes_read() const = 0;
 };
 
-// Picks the architecture from config.json's "architectures" (throws naming the unknown one).
+// Picks the architecture from config.json's "architectures" (throws naming the unknown one). The model reads
+// weights from the checkpoint's mapped files in place and keeps them mapped for its lifetime (the checkpoint
+// object itself may go).
 std::unique_ptr<CausalLM> load_model(const Checkpoint& checkpoint, const LoadOptions& options);
 
 }  // namespace xmoe::llm

@@ -64,8 +64,9 @@ struct Loaded {
   std::unique_ptr<CausalLM> model;
 };
 
+// dir: a fixture under tests/data/models, or an absolute path.
 inline Loaded load(const std::string& dir, DType dtype, const std::string& isa = "") {
-  Loaded l{Checkpoint::open(kModels + "/" + dir), nullptr};
+  Loaded l{Checkpoint::open(dir.starts_with("/") ? dir : kModels + "/" + dir), nullptr};
   LoadOptions o;
   o.dtype = dtype;
   o.isa = isa;

@@ -51,6 +51,19 @@ TEST(QuantizedModels, Bf16DtypeKeepsGreedyIds) {
   }
 }
 
+// The model reads weights from the mapped files in place and keeps the mappings alive itself.
+TEST(QuantizedModels, ModelOutlivesItsCheckpointObject) {
+  std::unique_ptr<CausalLM> model;
+  {
+    const Checkpoint ckpt = Checkpoint::open(kModels + "/quant-nvfp4-ct");
+    LoadOptions o;
+    o.dtype = DType::bf16;
+    model = load_model(ckpt, o);
+  }
+  const Prompt p = load_expected("quant-nvfp4").front();
+  EXPECT_EQ(run_alone(*model, p.ids, static_cast<int>(p.greedy.size())).greedy, p.greedy);
+}
+
 // Every kernel level gives the best one's logits to 1e-5 (the linear kernels agree bit for bit; the
 // elementwise ones, exp in SiLU and softmax, differ in the last bits).
 TEST(QuantizedModels, LowerKernelLevelsAgreeWithTheBest) {
@@ -115,6 +128,54 @@ class BrokenCheckpoint {
  private:
   fs::path dir_;
 };
+
+// quant-mxfp4's codes in compressed-tensors' mxfp4-pack-quantized naming (what init-model --quant mxfp4
+// writes): each fused gate_up_proj_blocks / down_proj_blocks [E, N, K/32, 16] becomes per-expert
+// weight_packed [N, K/2] and each *_scales [E, N, K/32] per-expert weight_scale; the same values, so
+// transformers' logits of quant-mxfp4 are the oracle.
+TEST(QuantizedModels, Mxfp4CompressedTensorsMatchesTransformers) {
+  BrokenCheckpoint b("quant-mxfp4");
+  nlohmann::json cfg = b.read_json("config.json");
+  cfg["quantization_config"] = {
+      {"quant_method", "compressed-tensors"},
+      {"format", "mxfp4-pack-quantized"},
+      {"config_groups",
+       {{"group_0",
+         {{"format", "mxfp4-pack-quantized"},
+          {"targets", {"Linear"}},
+          {"weights", {{"num_bits", 4}, {"type", "float"}, {"strategy", "group"}, {"group_size", 32}}}}}}},
+      {"ignore", {"lm_head", "re:.*mlp\\.gate$"}}};
+  b.write_json("config.json", cfg);
+  const SafetensorsFile f = SafetensorsFile::open(b.dir() + "/model.safetensors");
+  std::vector<SafetensorsRawTensor> out;
+  for (const auto& e : f.entries()) {
+    const auto bytes = f.bytes(e.name);
+    const size_t at = e.name.find(".mlp.experts.");
+    if (at == std::string::npos) {
+      out.push_back({e.name, e.dtype, e.shape, {bytes}});
+      continue;
+    }
+    // model.layers.{i}.mlp.experts.{gate_up_proj|down_proj}_{blocks|scales}
+    const std::string prefix = e.name.substr(0, at) + ".mlp.experts.";
+    const std::string what = e.name.substr(prefix.size());
+    const bool blocks = what.ends_with("_blocks");
+    const int64_t E = e.shape[0], N = e.shape[1], row = blocks ? e.shape[2] * 16 : e.shape[2];
+    const std::string field = blocks ? ".weight_packed" : ".weight_scale";
+    for (int64_t j = 0; j < E; ++j) {
+      const auto expert = bytes.subspan(static_cast<size_t>(j * N * row), static_cast<size_t>(N * row));
+      const std::string at_j = prefix + std::to_string(j) + ".";
+      if (what.starts_with("down_proj")) {
+        out.push_back({at_j + "down_proj" + field, "U8", {N, row}, {expert}});
+      } else {
+        const auto half = static_cast<size_t>(N / 2 * row);
+        out.push_back({at_j + "gate_proj" + field, "U8", {N / 2, row}, {expert.first(half)}});
+        out.push_back({at_j + "up_proj" + field, "U8", {N / 2, row}, {expert.subspan(half)}});
+      }
+    }
+  }
+  save_safetensors_raw(b.dir() + "/model.safetensors", out);
+  expect_matches_oracle(b.dir(), "quant-mxfp4", 1e-4);
+}
 
 std::string load_error(const std::string& dir) {
   try {

@@ -26,7 +26,7 @@ kernels::WeightFormat format_of(TensorDType t) {
 
 }  // namespace
 
-WeightLoader::WeightLoader(const Checkpoint& ckpt, DType dtype) : ckpt_(&ckpt), dtype_(dtype) {
+WeightLoader::WeightLoader(const Checkpoint& ckpt, DType dtype) : ckpt_(ckpt), dtype_(dtype) {
   XMOE_CHECK(dtype == DType::f32 || dtype == DType::bf16, "weights: dtype must be float32 or bfloat16, got ",
              dtype_name(dtype));
 }
@@ -66,14 +66,14 @@ kernels::PackedWeight WeightLoader::convert_or_map(const WeightView& view, int64
 }
 
 kernels::PackedWeight WeightLoader::matrix(const std::string& name, int64_t rows, int64_t cols) {
-  if (auto q = quantized_view(*ckpt_, name, rows > 0 ? rows : 1, cols)) {
+  if (auto q = quantized_view(ckpt_, name, rows > 0 ? rows : 1, cols)) {
     checkpoint_bytes_ += q->bytes();
     return *q;
   }
   std::vector<int64_t> shape;
   if (rows > 0) shape.push_back(rows);
   shape.push_back(cols);
-  const WeightView view = ckpt_->weight(name, shape);
+  const WeightView view = ckpt_.weight(name, shape);
   checkpoint_bytes_ += view.bytes.size();
   return convert_or_map(view, rows > 0 ? rows : 1, cols);
 }
@@ -81,11 +81,11 @@ kernels::PackedWeight WeightLoader::matrix(const std::string& name, int64_t rows
 std::vector<kernels::PackedWeight> WeightLoader::stacked(const std::string& name, int64_t count, int64_t rows,
                                                          int64_t cols) {
   const int64_t shape[] = {count, rows, cols};
-  std::optional<kernels::PackedWeight> all = quantized_view(*ckpt_, name, rows, cols, count);
+  std::optional<kernels::PackedWeight> all = quantized_view(ckpt_, name, rows, cols, count);
   if (all) {
     checkpoint_bytes_ += all->bytes();
   } else {
-    const WeightView view = ckpt_->weight(name, shape);
+    const WeightView view = ckpt_.weight(name, shape);
     checkpoint_bytes_ += view.bytes.size();
     all = convert_or_map(view, count * rows, cols);
   }

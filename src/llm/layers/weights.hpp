@@ -20,7 +20,7 @@ class WeightLoader {
   // F16 tensors in place and rounds F32 ones to bf16. Quantized weights (quantized_views.hpp) are read in
   // place whatever the dtype: activations are f32 and the kernels decode the codes.
   WeightLoader(const Checkpoint& ckpt, DType dtype);
-  // Moving keeps every view valid (the owned buffers move, their bytes stay where they are).
+  // Moving keeps every view valid (the owned buffers and the mappings move, their bytes stay where they are).
   WeightLoader(WeightLoader&&) = default;
   WeightLoader& operator=(WeightLoader&&) = default;
 
@@ -39,7 +39,7 @@ class WeightLoader {
   // `view` as a [rows, cols] matrix in the model's compute format, converting when needed.
   kernels::PackedWeight convert_or_map(const WeightView& view, int64_t rows, int64_t cols);
 
-  const Checkpoint* ckpt_;
+  Checkpoint ckpt_;  // a copy: its shared mappings stay alive as long as the views into them
   DType dtype_;
   std::vector<std::unique_ptr<std::byte[]>> owned_;
   size_t owned_bytes_ = 0, checkpoint_bytes_ = 0;
