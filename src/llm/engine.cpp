@@ -348,6 +348,7 @@ void Engine::finish(Sequence& seq, FinishReason reason, StreamDelta& delta) {
   seq.result.finish = reason;
   seq.finished = true;
   delta.finish = reason;
+  delta.stop_string = seq.result.stop_string;
   if (seq.request.on_delta) seq.request.on_delta(delta);
 }
 

@@ -70,7 +70,8 @@ struct StreamDelta {
   std::vector<int32_t> token_ids;      // tokens generated since the previous delta
   std::vector<TokenLogprob> logprobs;  // one per token id when the request asked for logprobs
   FinishReason finish = FinishReason::none;
-  std::string error;  // set with the finish when this request's processing failed (the others go on)
+  std::string stop_string;  // with the finish: the stop string that ended the request, if any
+  std::string error;        // set with the finish when this request's processing failed (the others go on)
 };
 
 // Edits one sequence's logits row before sampling, given the tokens it generated so far.

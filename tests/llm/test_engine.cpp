@@ -154,6 +154,7 @@ struct Streamed {
   std::vector<int32_t> ids;
   int finishes = 0;
   FinishReason finish = FinishReason::none;
+  std::string stop_string;
 };
 
 StreamCallback collect(Streamed& s) {
@@ -164,6 +165,7 @@ StreamCallback collect(Streamed& s) {
     if (d.finish != FinishReason::none) {
       ++s.finishes;
       s.finish = d.finish;
+      s.stop_string = d.stop_string;
     }
   };
 }
@@ -201,6 +203,7 @@ TEST(Engine, ContinuousBatchingEqualsRunningEachRequestAlone) {
     EXPECT_EQ(streams[i].ids, r.token_ids);
     EXPECT_EQ(streams[i].finishes, 1);
     EXPECT_EQ(streams[i].finish, r.finish);
+    EXPECT_EQ(streams[i].stop_string, r.stop_string);
     EXPECT_EQ(r.prompt_tokens, lengths[i]);
     prompt_tokens += lengths[i];
   }
