@@ -68,7 +68,9 @@ CLI::App* add_serve_subcommand(CLI::App& app, ServeOptions& o) {
   cmd->add_option("--max-body-mb", o.max_body_mb, "largest request body in MiB (413 beyond)")
       ->check(positive)
       ->capture_default_str();
-  cmd->add_option("--http-threads", o.http_threads, "connections served at once (0 = 2 x --max-batch + 8)")
+  cmd->add_option(
+         "--http-threads", o.http_threads,
+         "connections served at once, idle kept-alive ones included (0 = --max-batch + --max-queue + 8)")
       ->check(non_negative_integer());
   cmd->add_option("--shutdown-grace", o.shutdown_grace_s,
                   "seconds in-flight requests get to finish after SIGINT/SIGTERM before they are cancelled")
@@ -142,7 +144,7 @@ int run_serve(const ServeOptions& o) {
   http.port = o.port;
   http.api_key = api_key;
   http.max_body_bytes = static_cast<size_t>(o.max_body_mb) << 20;
-  http.threads = o.http_threads > 0 ? o.http_threads : 2 * o.max_batch + 8;
+  http.threads = o.http_threads > 0 ? o.http_threads : o.max_batch + o.max_queue + 8;
   serve::HttpServer server(http,
                            serve::server_routes(
                                metrics, [&service] { return service.gauges(); }, page),
