@@ -90,15 +90,7 @@ std::string directory_name(const std::string& dir) {
 }  // namespace
 
 int run_serve(const ServeOptions& o) {
-  // SIGINT/SIGTERM are blocked in every thread (OpenMP's and the server's inherit the mask) and taken by
-  // sigwait below, so no work happens in a signal handler. A client that leaves must not kill the server.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-
+  signal(SIGPIPE, SIG_IGN);  // a client that leaves must not kill the server
   std::string api_key = o.api_key;
   if (api_key.empty())
     if (const char* env = std::getenv("XMOE_API_KEY")) api_key = env;
@@ -110,7 +102,18 @@ int run_serve(const ServeOptions& o) {
   const int64_t max_seq_len = o.max_seq_len > 0 ? o.max_seq_len : config.max_position_embeddings;
   XMOE_CHECK(max_seq_len >= 2, "serve: the context length is ", max_seq_len,
              " (config max_position_embeddings); give --max-seq-len");
-  bundle.load_weights(parse_dtype(o.dtype), o.isa);
+  bundle.load_weights(parse_dtype(o.dtype), o.isa);  // Ctrl-C still ends the process here
+
+  // From now on SIGINT/SIGTERM are blocked in every thread and taken by sigwait below, so no work happens in
+  // a signal handler: in this thread, in OpenMP's workers (made during the load), and in every thread started
+  // later (the engine's driver, the HTTP pool), which inherit the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+#pragma omp parallel
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   serve::ModelInfo info;
   info.served_name = o.served_model_name.empty() ? directory_name(o.model) : o.served_model_name;
