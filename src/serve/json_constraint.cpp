@@ -24,7 +24,13 @@ struct ConstraintState {
 class JsonProcessor {
  public:
   JsonProcessor(std::shared_ptr<const TokenTexts> texts, JsonConstraint c)
-      : texts_(std::move(texts)), c_(std::move(c)) {}
+      : texts_(std::move(texts)), c_(std::move(c)) {
+    auto banned = std::make_shared<std::vector<uint8_t>>(texts_->text.size(), 0);
+    for (size_t t = 0; t < texts_->text.size(); ++t)
+      for (const std::string& f : c_.forbidden)
+        if (texts_->text[t].find(f) != std::string::npos) (*banned)[t] = 1;
+    banned_ = std::move(banned);
+  }
 
   void operator()(std::span<float> logits, std::span<const int32_t> generated) const {
     ConstraintState s = initial();
@@ -58,6 +64,7 @@ class JsonProcessor {
         ConstraintState probe = s;
         if (!feed_byte(probe, static_cast<char>(b))) continue;
         for (const int32_t t : bucket) {
+          if ((*banned_)[t]) continue;
           if (plain_string && texts_->plain_string[t]) {
             consider(t, need_now);
             continue;
@@ -139,6 +146,7 @@ class JsonProcessor {
 
   std::shared_ptr<const TokenTexts> texts_;
   JsonConstraint c_;
+  std::shared_ptr<const std::vector<uint8_t>> banned_;  // shared: std::function copies the processor
 };
 
 }  // namespace

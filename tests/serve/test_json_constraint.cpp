@@ -69,10 +69,13 @@ TEST(ForcedJson, NamedToolCallAlwaysParses) {
       c.suffix = "}\n</tool_call>";
       c.end_tokens = eos();
       c.max_tokens = budget;
+      c.forbidden = {"</tool_call>", "<think>"};
       const std::vector<int32_t> ids = generate(make_json_logits_processor(texts(), c), budget, seed);
       const std::string text = text_of(ids);
       // A budget too small for "{}" and the closing markup ends cut off; the parser closes the arguments.
       const bool room = budget >= 20;
+      EXPECT_EQ(text.find("<think>"), std::string::npos) << text;
+      EXPECT_EQ(text.find("</tool_call>"), text.rfind("</tool_call>")) << text;
       if (room) {
         ASSERT_TRUE(text.ends_with("}\n</tool_call>")) << budget << "/" << seed << ": " << text;
         ASSERT_TRUE(nlohmann::json::parse(text.substr(0, text.size() - 14), nullptr, false).is_object())
