@@ -7,10 +7,11 @@ jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
-# The server end to end, once, against the optimised build: the official openai/anthropic SDKs, httpx and
-# Selenium (headless Chromium) from PyPI in a venv under the build folder.
+# The server end to end, once, against the optimised build: the official openai/anthropic SDKs, httpx,
+# Selenium (headless Chromium), and transformers' tokenizer and chat template (jinja2; no torch) as the usage
+# oracle, from PyPI in a venv under the build folder.
 python3 -m venv build/venv
-build/venv/bin/pip install -q --disable-pip-version-check openai anthropic selenium httpx pytest
+build/venv/bin/pip install -q --disable-pip-version-check openai anthropic selenium httpx pytest transformers jinja2
 XMOE_CLI="$PWD/build/xmoe" build/venv/bin/python -m pytest tests/serve -q -p no:cacheprovider
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXMOE_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$jobs"
