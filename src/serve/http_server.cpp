@@ -1,10 +1,12 @@
 #include "serve/http_server.hpp"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <ctime>
 #include <regex>
+#include <thread>
 
 #include "xmoe/error.hpp"
 
@@ -107,6 +109,13 @@ HttpServer::HttpServer(HttpServerOptions options, std::vector<Route> routes, Err
   server_->set_keep_alive_timeout(options_.keep_alive_timeout_s);
   server_->set_payload_max_length(options_.max_body_bytes);
   server_->set_tcp_nodelay(true);
+  // httplib's default sets SO_REUSEPORT, which lets a second server bind the same port and silently share its
+  // connections; SO_REUSEADDR alone still allows a restart while old connections linger in TIME_WAIT.
+  server_->set_socket_options([this](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_socket_ = sock;
+  });
   server_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     {
       std::lock_guard lock(records_mu_);
@@ -154,10 +163,23 @@ int HttpServer::bind() {
 }
 
 void HttpServer::run() {
+  {
+    std::lock_guard lock(run_mu_);
+    if (stop_requested_) return;
+    run_started_ = true;
+  }
   server_->listen_after_bind();
+  run_finished_ = true;
 }
 
 void HttpServer::stop() {
+  {
+    std::lock_guard lock(run_mu_);
+    stop_requested_ = true;
+    if (!run_started_) return;  // run() will not start listening
+  }
+  // httplib's stop() does nothing until its listen loop has started: wait for that (or for run() to end).
+  while (!server_->is_running() && !run_finished_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   server_->stop();
 }
 

@@ -3,6 +3,7 @@
 // client that left), API-key auth, 404/405/413 in each API's error shape, one access-log line per request and
 // per-route request counters. No HTTP parsing of our own.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -58,9 +59,9 @@ class HttpServer {
 
   // Binds the socket; returns the port (the one picked when options.port is 0). Throws xmoe::Error.
   int bind();
-  // Serves until stop(); in-flight requests finish first.
+  // Serves until stop(); in-flight requests finish first. Returns at once when stop() came first.
   void run();
-  // Stops accepting; callable from any thread.
+  // Stops accepting; callable from any thread, before or while run() runs.
   void stop();
 
   struct RequestRecord;  // one request's start time, route and token counts (for the access log)
@@ -79,6 +80,10 @@ class HttpServer {
   Backend& backend_;
   ServerMetrics* metrics_;
   std::unique_ptr<httplib::Server> server_;
+  int listen_socket_ = -1;
+  std::mutex run_mu_;
+  bool run_started_ = false, stop_requested_ = false;
+  std::atomic<bool> run_finished_{false};
   std::mutex records_mu_;
   std::map<const httplib::Request*, std::shared_ptr<RequestRecord>> records_;
 };

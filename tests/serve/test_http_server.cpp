@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -213,13 +214,32 @@ TEST_F(HttpServerTest, StreamsArriveAsTheyAreWrittenAndALeavingClientCancels) {
   EXPECT_EQ(script_.cancelled, 2) << "the finished stream's and the abandoned stream's generations end";
 }
 
+TEST_F(HttpServerTest, ASecondServerCannotTakeTheSamePort) {
+  HttpServerOptions o;
+  o.port = port_;
+  o.access_log = nullptr;
+  HttpServer second(o, routes(), render, backend_, nullptr);
+  try {
+    second.bind();
+    FAIL() << "two servers bound port " << port_;
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(port_)), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(HttpServerTest, AccessLogAndRequestCountersRecordEachRequest) {
   auto c = client();
   c.Post("/v1/chat/completions", {{"x-api-key", "sekrit"}}, R"({"limit":3})", "application/json");
   c.Get("/health");
   c.Get("/nowhere");
   c.Post("/v1/messages", "{}", "application/json");  // 401 before routing, counted under its route
-  const std::string log = access_log();
+  // A request is logged right after its response is sent: the client may read it first.
+  std::string log;
+  for (int i = 0; i < 1000; ++i) {
+    log = access_log();
+    if (std::count(log.begin(), log.end(), '\n') == 4) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   EXPECT_NE(log.find("\"POST /v1/chat/completions\" 200 "), std::string::npos) << log;
   EXPECT_NE(log.find("prompt_tokens=7 completion_tokens=3"), std::string::npos) << log;
   EXPECT_NE(log.find("\"GET /health\" 200"), std::string::npos) << log;
