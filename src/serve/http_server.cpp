@@ -152,14 +152,17 @@ HttpServer::HttpServer(HttpServerOptions options, std::vector<Route> routes, Err
 HttpServer::~HttpServer() = default;
 
 int HttpServer::bind() {
-  if (options_.port == 0) {
-    const int port = server_->bind_to_any_port(options_.host);
+  int port = options_.port;
+  if (port == 0) {
+    port = server_->bind_to_any_port(options_.host);
     XMOE_CHECK(port > 0, "serve: cannot listen on ", options_.host, " (no free port?)");
-    return port;
+  } else {
+    XMOE_CHECK(server_->bind_to_port(options_.host, port), "serve: cannot listen on ", options_.host, ":",
+               port, " (address in use, or not an address of this machine?)");
   }
-  XMOE_CHECK(server_->bind_to_port(options_.host, options_.port), "serve: cannot listen on ", options_.host,
-             ":", options_.port, " (address in use, or not an address of this machine?)");
-  return options_.port;
+  // httplib listens with a backlog of 5: a burst of clients connecting at once would overflow it.
+  if (listen_socket_ >= 0) ::listen(listen_socket_, SOMAXCONN);
+  return port;
 }
 
 void HttpServer::run() {
