@@ -14,6 +14,7 @@
 #include "linear_bench_cmd.hpp"
 #include "quantize_cmd.hpp"
 #include "reshard_cmd.hpp"
+#include "serve_cmd.hpp"
 #include "xmoe/error.hpp"
 
 namespace {
@@ -99,6 +100,8 @@ int main(int argc, char** argv) {
   CLI::App* linear_bench_cmd = xmoe::app::add_linear_bench_subcommand(app, linear_bench);
   xmoe::app::QuantizeOptions quantize;
   CLI::App* quantize_cmd = xmoe::app::add_quantize_subcommand(app, quantize);
+  xmoe::app::ServeOptions serve;
+  CLI::App* serve_cmd = xmoe::app::add_serve_subcommand(app, serve);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -121,6 +124,7 @@ int main(int argc, char** argv) {
     if (generate_cmd->parsed()) return xmoe::app::run_generate(generate);
     if (quantize_cmd->parsed()) return xmoe::app::run_quantize(quantize);
     if (linear_bench_cmd->parsed()) return xmoe::app::run_linear_bench(linear_bench);
+    if (serve_cmd->parsed()) return xmoe::app::run_serve(serve);
     if (a2a_bench_cmd->parsed()) return xmoe::app::run_a2a_bench(a2a_bench);
     return xmoe::app::run_bench(bench);
   } catch (const xmoe::Error& e) {
