@@ -48,8 +48,10 @@ class JsonProcessor {
     // bring the end nearest are allowed, so that the text is as complete as it can be when it is cut.
     size_t best_need = std::numeric_limits<size_t>::max();
     std::vector<int32_t> nearest;
+    // The end token needs a step of its own: reserved, so that a closed call ends as "stop", not "length".
+    const size_t end_step = c_.end_tokens.empty() ? 0 : 1;
     auto consider = [&](int32_t t, size_t need) {
-      if (static_cast<int64_t>(need) <= after_this) return allow(t);
+      if (static_cast<int64_t>(need + end_step) <= after_this) return allow(t);
       if (need < best_need) best_need = need, nearest.clear();
       if (need == best_need) nearest.push_back(t);
     };
