@@ -202,7 +202,7 @@ PreparedChat prepare_chat(const ChatRequest& request, Backend& backend) {
   p.submit.settings.max_tokens = max_tokens;
   p.submit.max_tokens = max_tokens;
   p.submit.logits_processor = forced_json_processor(request, info, info.output_format, max_tokens);
-  if (request.thinking_budget && request.enable_thinking.value_or(false) && !p.prompt.forced_prefix.size()) {
+  if (request.thinking_budget && request.enable_thinking.value_or(false) && p.prompt.forced_prefix.empty()) {
     if (auto close = info.tokenizer->token_to_id("</think>"))
       p.submit.logits_processor =
           chain_processors(std::move(p.submit.logits_processor),
