@@ -123,6 +123,15 @@ std::vector<std::string> read_stop(const ojson& body, const char* key) {
   return out;
 }
 
+int read_choice_count(const ojson& body) {
+  constexpr int kMaxChoices = 16;
+  const auto n = opt_integer(body, "n", "");
+  if (!n) return 1;
+  if (*n < 1 || *n > kMaxChoices)
+    throw bad_request("n", "n must be in [1, " + std::to_string(kMaxChoices) + "]");
+  return static_cast<int>(*n);
+}
+
 ojson read_schema(const ojson& object, const char* key, const std::string& path) {
   const ojson* v = field(object, key);
   if (!v) return ojson::object();
@@ -193,7 +202,7 @@ PreparedChat prepare_chat(const ChatRequest& request, Backend& backend) {
   p.submit.settings.max_tokens = max_tokens;
   p.submit.max_tokens = max_tokens;
   p.submit.logits_processor = forced_json_processor(request, info, info.output_format, max_tokens);
-  if (request.thinking_budget && request.enable_thinking.value_or(false) && !p.prompt.forced_prefix.size()) {
+  if (request.thinking_budget && request.enable_thinking.value_or(false) && p.prompt.forced_prefix.empty()) {
     if (auto close = info.tokenizer->token_to_id("</think>"))
       p.submit.logits_processor =
           chain_processors(std::move(p.submit.logits_processor),

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "serve/api.hpp"
 #include "serve/backend.hpp"
 #include "serve/chat_request.hpp"
 #include "serve/output_parser.hpp"
@@ -38,6 +39,8 @@ std::string index_path(const std::string& path, size_t i);
 void read_sampling(const ojson& body, llm::SamplingParams& sampling);
 // "stop" / "stop_sequences": a string or a list of strings.
 std::vector<std::string> read_stop(const ojson& body, const char* key);
+// OpenAI's "n": choices per request, 1..16.
+int read_choice_count(const ojson& body);
 // A tool's JSON schema (parameters / input_schema): an object, {} when absent.
 ojson read_schema(const ojson& object, const char* key, const std::string& path);
 
@@ -78,5 +81,18 @@ std::string dump(const ojson& j);  // compact, invalid UTF-8 replaced
 
 // The text of one token as a client sees it.
 std::string token_text(const Tokenizer& tokenizer, int32_t token);
+
+// Runs a handler; its refusals become error responses in the API's shape (`shape`), and anything unexpected a
+// 500 of type `internal_type` in that shape, so no exception reaches the HTTP layer.
+template <typename Handler, typename Shape>
+ApiResponse guarded(Handler&& handler, Shape&& shape, const char* internal_type) {
+  try {
+    return handler();
+  } catch (const ApiError& e) {
+    return shape(e);
+  } catch (const std::exception& e) {
+    return shape(ApiError(500, internal_type, std::string("internal error: ") + e.what()));
+  }
+}
 
 }  // namespace xmoe::serve::adapter

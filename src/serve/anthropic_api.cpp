@@ -253,25 +253,14 @@ ApiResponse count_tokens(std::string_view body, Backend& backend) {
   return r;
 }
 
-template <typename F>
-ApiResponse guarded(F&& f) {
-  try {
-    return f();
-  } catch (const ApiError& e) {
-    return anthropic_error(e);
-  } catch (const std::exception& e) {
-    return anthropic_error(ApiError(500, "api_error", std::string("internal error: ") + e.what()));
-  }
-}
-
 }  // namespace
 
 ApiResponse anthropic_messages(std::string_view body, Backend& backend) {
-  return guarded([&] { return messages(body, backend); });
+  return adapter::guarded([&] { return messages(body, backend); }, anthropic_error, "api_error");
 }
 
 ApiResponse anthropic_count_tokens(std::string_view body, Backend& backend) {
-  return guarded([&] { return count_tokens(body, backend); });
+  return adapter::guarded([&] { return count_tokens(body, backend); }, anthropic_error, "api_error");
 }
 
 ApiResponse anthropic_error(const ApiError& error) {

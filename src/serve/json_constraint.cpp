@@ -16,7 +16,9 @@ bool plain_string_byte(unsigned char c) {
 // Where a sequence is in OPENING OBJECT SUFFIX END.
 struct ConstraintState {
   enum class Phase { opening, object, suffix, end } phase = Phase::opening;
-  std::string opening;  // the opening's text so far
+  // The opening's text so far: its first opening_len bytes of openings[opening] (copied once per candidate
+  // token, so no string of its own).
+  size_t opening = 0, opening_len = 0;
   JsonPrefix json;
   size_t suffix_pos = 0;
 };
@@ -48,8 +50,10 @@ class JsonProcessor {
     // bring the end nearest are allowed, so that the text is as complete as it can be when it is cut.
     size_t best_need = std::numeric_limits<size_t>::max();
     std::vector<int32_t> nearest;
+    // The end token needs a step of its own: reserved, so that a closed call ends as "stop", not "length".
+    const size_t end_step = c_.end_tokens.empty() ? 0 : 1;
     auto consider = [&](int32_t t, size_t need) {
-      if (static_cast<int64_t>(need) <= after_this) return allow(t);
+      if (static_cast<int64_t>(need + end_step) <= after_this) return allow(t);
       if (need < best_need) best_need = need, nearest.clear();
       if (need == best_need) nearest.push_back(t);
     };
@@ -97,16 +101,17 @@ class JsonProcessor {
   bool feed_byte(ConstraintState& s, char ch) const {
     switch (s.phase) {
       case ConstraintState::Phase::opening: {
-        s.opening += ch;
-        bool prefix = false;
-        for (const std::string& o : c_.openings) {
-          if (o == s.opening) {
-            s.phase = ConstraintState::Phase::object;
-            return true;
-          }
-          prefix = prefix || o.starts_with(s.opening);
+        const std::string& current = c_.openings[s.opening];
+        for (size_t k = 0; k < c_.openings.size(); ++k) {
+          const std::string& o = c_.openings[k];
+          if (o.size() <= s.opening_len || o[s.opening_len] != ch ||
+              o.compare(0, s.opening_len, current, 0, s.opening_len))
+            continue;
+          s.opening = k;
+          if (++s.opening_len == o.size()) s.phase = ConstraintState::Phase::object;
+          return true;
         }
-        return prefix;
+        return false;
       }
       case ConstraintState::Phase::object:
         // Whitespace before the object would only spend budget.
@@ -130,8 +135,10 @@ class JsonProcessor {
     switch (s.phase) {
       case ConstraintState::Phase::opening: {
         size_t best = std::numeric_limits<size_t>::max();
+        const std::string& current = c_.openings[s.opening];
         for (const std::string& o : c_.openings)
-          if (o.starts_with(s.opening)) best = std::min(best, o.size() - s.opening.size());
+          if (o.size() >= s.opening_len && !o.compare(0, s.opening_len, current, 0, s.opening_len))
+            best = std::min(best, o.size() - s.opening_len);
         return best + 2 + c_.suffix.size();  // "{}"
       }
       case ConstraintState::Phase::object:

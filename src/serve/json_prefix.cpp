@@ -241,8 +241,27 @@ std::string JsonPrefix::completion() const {
   return out;
 }
 
+// completion().size() without building the text (the forced-JSON processor asks once per candidate token).
 size_t JsonPrefix::completion_size() const {
-  return completion().size();
+  size_t n = stack_.size();
+  switch (lex_) {
+    case Lex::string:
+      n += (escape_ == 1 ? 1 : 0) + (escape_ >= 2 ? escape_ - 1 : 0) + 1 + (string_is_key_ ? 5 : 0);
+      break;
+    case Lex::literal:
+      n += std::char_traits<char>::length(literal_ + literal_pos_);
+      break;
+    case Lex::number:
+      n += (num_ == Num::minus || num_ == Num::dot || num_ == Num::exp || num_ == Num::exp_sign) ? 1 : 0;
+      break;
+    case Lex::none:
+      if (expect_ == Expect::root) n += 2;
+      if (expect_ == Expect::value) n += 4;
+      if (expect_ == Expect::key) n += 7;
+      if (expect_ == Expect::colon) n += 5;
+      break;
+  }
+  return n;
 }
 
 }  // namespace xmoe::serve

@@ -1,6 +1,4 @@
 // OpenAI-compatible API: POST /v1/chat/completions, POST /v1/completions, GET /v1/models.
-#include <map>
-
 #include "serve/adapter_common.hpp"
 #include "serve/api.hpp"
 #include "serve/openai_request.hpp"
@@ -11,8 +9,6 @@ using adapter::dump;
 using adapter::ojson;
 
 namespace {
-
-constexpr int kMaxChoices = 16;
 
 ApiResponse json_response(const ojson& body) {
   ApiResponse r;
@@ -55,8 +51,12 @@ ojson usage_json(int64_t prompt, int64_t completion) {
       {"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
 }
 
-ApiResponse error_or_rethrow(const ApiError& e) {
-  return openai_error(e);
+// The status line is long gone when a stream fails: the failure goes out as an error event, then the end.
+void write_stream_error(StreamWriter& w, const std::exception& e) {
+  w.write(sse(ojson{
+      {"error",
+       ojson{{"message", e.what()}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}}));
+  w.write("data: [DONE]\n\n");
 }
 
 // The stream of one chat completion: chunks as the parser settles output, per choice.
@@ -148,11 +148,7 @@ struct ChatStream {
         }
       }
     } catch (const std::exception& e) {
-      // The status line is long gone: the failure goes out as an error event, then the stream ends.
-      w.write(sse(ojson{
-          {"error",
-           ojson{{"message", e.what()}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}}));
-      w.write("data: [DONE]\n\n");
+      write_stream_error(w, e);
       return;
     }
     if (request.include_usage) {
@@ -268,11 +264,7 @@ CompletionRequest parse_completion_request(const ojson& j, const ModelInfo& info
     r.generation.max_tokens = *v;
   }
   r.generation.stop = adapter::read_stop(j, "stop");
-  if (auto v = adapter::opt_integer(j, "n", "")) {
-    if (*v < 1 || *v > kMaxChoices)
-      throw adapter::bad_request("n", "n must be in [1, " + std::to_string(kMaxChoices) + "]");
-    r.generation.n = static_cast<int>(*v);
-  }
+  r.generation.n = adapter::read_choice_count(j);
   if (auto v = adapter::opt_integer(j, "logprobs", "")) {
     if (*v < 0 || *v > 20) throw adapter::bad_request("logprobs", "logprobs must be in [0, 20]");
     r.logprobs = static_cast<int>(*v);
@@ -354,11 +346,7 @@ ApiResponse completions(std::string_view body, Backend& backend) {
           }
         }
       } catch (const std::exception& e) {
-        w.write(sse(ojson{
-            {"error",
-             ojson{
-                 {"message", e.what()}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}}));
-        w.write("data: [DONE]\n\n");
+        write_stream_error(w, e);
         return;
       }
       if (request.include_usage) {
@@ -397,27 +385,14 @@ ApiResponse completions(std::string_view body, Backend& backend) {
                              {"usage", usage_json(stream->prompt_tokens(), completion_tokens)}});
 }
 
-// Runs a handler, turning refusals into error responses; anything else unexpected is a 500 in the API's
-// shape.
-template <typename F>
-ApiResponse guarded(F&& f) {
-  try {
-    return f();
-  } catch (const ApiError& e) {
-    return error_or_rethrow(e);
-  } catch (const std::exception& e) {
-    return openai_error(ApiError(500, "server_error", std::string("internal error: ") + e.what()));
-  }
-}
-
 }  // namespace
 
 ApiResponse openai_chat_completions(std::string_view body, Backend& backend) {
-  return guarded([&] { return chat_completions(body, backend); });
+  return adapter::guarded([&] { return chat_completions(body, backend); }, openai_error, "server_error");
 }
 
 ApiResponse openai_completions(std::string_view body, Backend& backend) {
-  return guarded([&] { return completions(body, backend); });
+  return adapter::guarded([&] { return completions(body, backend); }, openai_error, "server_error");
 }
 
 ApiResponse openai_models(Backend& backend) {

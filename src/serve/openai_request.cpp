@@ -13,8 +13,6 @@ using adapter::ojson;
 
 namespace {
 
-constexpr int kMaxChoices = 16;
-
 // Text of a content field: a string, or a list of parts of which only text is readable.
 std::string content_text(const ojson& message, const std::string& path) {
   const ojson* c = adapter::field(message, "content");
@@ -188,11 +186,7 @@ ChatRequest parse_openai_chat_request(const ojson& body, const ModelInfo& info) 
     r.generation.max_tokens = *v;
   }
   r.generation.stop = adapter::read_stop(body, "stop");
-  if (auto v = adapter::opt_integer(body, "n", "")) {
-    if (*v < 1 || *v > kMaxChoices)
-      throw bad_request("n", "n must be in [1, " + std::to_string(kMaxChoices) + "]");
-    r.generation.n = static_cast<int>(*v);
-  }
+  r.generation.n = adapter::read_choice_count(body);
   r.generation.logprobs = adapter::opt_bool(body, "logprobs", "").value_or(false);
   if (auto v = adapter::opt_integer(body, "top_logprobs", "")) {
     if (*v < 0 || *v > 20) throw bad_request("top_logprobs", "top_logprobs must be in [0, 20]");

@@ -47,13 +47,7 @@ ApiResponse chat(std::string_view body, Backend& backend) {
 }  // namespace
 
 ApiResponse tutel_chat(std::string_view body, Backend& backend) {
-  try {
-    return chat(body, backend);
-  } catch (const ApiError& e) {
-    return openai_error(e);
-  } catch (const std::exception& e) {
-    return openai_error(ApiError(500, "server_error", std::string("internal error: ") + e.what()));
-  }
+  return adapter::guarded([&] { return chat(body, backend); }, openai_error, "server_error");
 }
 
 }  // namespace xmoe::serve

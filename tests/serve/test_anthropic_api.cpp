@@ -2,6 +2,8 @@
 // formats-and-apis.md "HTTP APIs" gives Anthropic's), thinking, tool use, stop reasons, count_tokens, errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "scripted_backend.hpp"
@@ -78,6 +80,16 @@ TEST(AnthropicMessages, NonStreamedThinkingAndText) {
   EXPECT_EQ(b.last.max_tokens, 64);
   // thinking enabled: the template is not told to skip thinking.
   EXPECT_FALSE(prompt_text(b).ends_with("<think>\n\n</think>\n\n"));
+  // budget_tokens: a processor forces </think> once the budget is spent.
+  ASSERT_TRUE(static_cast<bool>(b.last.logits_processor));
+  const int32_t close = *b.tokenizer_.token_to_id("</think>");
+  std::vector<float> logits(b.tokenizer_.vocab_size(), 0.f);
+  const std::vector<int32_t> spent(1024, 42);
+  b.last.logits_processor(logits, spent);
+  EXPECT_EQ(std::count_if(logits.begin(), logits.end(), [](float l) { return std::isfinite(l); }), 1);
+  EXPECT_TRUE(std::isfinite(logits[close]));
+  anthropic_messages(R"({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})", b);
+  EXPECT_FALSE(static_cast<bool>(b.last.logits_processor));
 }
 
 TEST(AnthropicMessages, StreamEventSequence) {
