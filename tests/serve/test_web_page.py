@@ -40,7 +40,7 @@ def artefacts_dir() -> Path:
 
 
 @pytest.fixture
-def browser():
+def browser(tmp_path):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -50,7 +50,9 @@ def browser():
                 "--window-size=1100,800", "--force-device-scale-factor=1"):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    # Chromium leaves its singleton-socket folder in TMPDIR: keep it in the test's own temporary folder.
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER, env=env), options=options)
     driver.set_page_load_timeout(30)
     yield driver
     driver.quit()
