@@ -5,17 +5,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <optional>
 
 #include "cli_checks.hpp"
 #include "kernels/read_bandwidth.hpp"
-#include "llm/chat_setup.hpp"
-#include "llm/checkpoint.hpp"
 #include "llm/engine.hpp"
-#include "llm/model.hpp"
-#include "llm/progress_bar.hpp"
+#include "llm/model_bundle.hpp"
 #include "xmoe/error.hpp"
 #include "xmoe/tokenizer.hpp"
 
@@ -122,18 +118,13 @@ int run_generate(const GenerateOptions& o) {
   XMOE_CHECK(!o.chat || o.prompt_opt->count() == 1, "generate: --chat needs --prompt (text)");
   XMOE_CHECK(o.chat || (o.system_opt->count() == 0 && !o.no_think),
              "generate: --system and --no-think need --chat");
-  XMOE_CHECK(std::filesystem::is_directory(o.model), "generate: --model ", o.model, " is not a directory");
   if (o.threads > 0) omp_set_num_threads(o.threads);
 
-  const llm::Checkpoint checkpoint = llm::Checkpoint::open(o.model);
-  const std::string tokenizer_path = (std::filesystem::path(o.model) / "tokenizer.json").string();
-  std::optional<Tokenizer> tokenizer;
-  if (std::filesystem::exists(tokenizer_path)) tokenizer = Tokenizer::from_file(tokenizer_path);
-  XMOE_CHECK(tokenizer || o.prompt_opt->count() == 0, "generate: ", tokenizer_path,
-             " is missing: give --prompt-ids instead of --prompt");
-  XMOE_CHECK(tokenizer || o.stop.empty(), "generate: --stop needs ", tokenizer_path);
-  const llm::ChatSetup setup =
-      llm::load_chat_setup(o.model, checkpoint.config(), tokenizer ? &*tokenizer : nullptr);
+  llm::ModelBundle bundle = llm::ModelBundle::open(o.model);
+  const std::optional<Tokenizer>& tokenizer = bundle.tokenizer;
+  if (o.prompt_opt->count()) bundle.require_tokenizer("--prompt (give --prompt-ids instead)");
+  if (!o.stop.empty()) bundle.require_tokenizer("--stop");
+  const llm::ChatSetup& setup = bundle.chat;
 
   std::vector<int32_t> prompt;
   if (o.chat) {
@@ -159,13 +150,8 @@ int run_generate(const GenerateOptions& o) {
   sampling.frequency_penalty = o.frequency_penalty;
   sampling.validate();
 
-  llm::LoadOptions load;
-  load.dtype = parse_dtype(o.dtype);
-  load.isa = o.isa;
-  llm::ProgressBar bar("loading " + o.model);
-  load.progress = bar.callback();
-  const std::unique_ptr<llm::CausalLM> model = llm::load_model(checkpoint, load);
-  bar.finish();
+  bundle.load_weights(parse_dtype(o.dtype), o.isa);
+  const std::unique_ptr<llm::CausalLM>& model = bundle.model;
 
   llm::EngineOptions engine_options;
   engine_options.kv_cache_bytes = static_cast<size_t>(o.kv_cache_mb) << 20;
@@ -221,8 +207,8 @@ int run_generate(const GenerateOptions& o) {
   int64_t generated = 0;
   for (const auto& r : results) generated += static_cast<int64_t>(r.token_ids.size());
   std::fprintf(stderr, "model: %s (%s, %s, %d threads); prompt %zu tokens x %d sequences\n", o.model.c_str(),
-               checkpoint.config().architecture.c_str(), dtype_name(model->dtype()), omp_get_max_threads(),
-               prompt.size(), o.batch);
+               bundle.checkpoint.config().architecture.c_str(), dtype_name(model->dtype()),
+               omp_get_max_threads(), prompt.size(), o.batch);
   std::fprintf(stderr, "finish: %s after %zu tokens%s%s; %lld tokens generated in all in %.3f s\n",
                llm::finish_reason_name(first.finish), first.token_ids.size(),
                first.stop_string.empty() ? "" : " at stop string ", first.stop_string.c_str(),

@@ -12,6 +12,7 @@
 #include "init_model_cmd.hpp"
 #include "kernels/cpu_features.hpp"
 #include "reshard_cmd.hpp"
+#include "serve_cmd.hpp"
 #include "xmoe/error.hpp"
 
 namespace {
@@ -61,9 +62,10 @@ void add_bench_flags(CLI::App& cmd, xmoe::app::BenchOptions& o) {
   cmd.add_option("--parallel_type", o.parallel_type,
                  "under mpirun: adaptive:R (R = 0 data, 1 expert parallel, sc expert + model) | data | model")
       ->capture_default_str();
-  cmd.add_option("--adaptive_r", o.adaptive_r,
-                 "under mpirun: 0 = data parallel experts, 1 = expert parallel, up to sc (ranks per expert) = "
-                 "expert + model parallel; 0 or a divisor of sc")
+  cmd.add_option(
+         "--adaptive_r", o.adaptive_r,
+         "under mpirun: 0 = data parallel experts, 1 = expert parallel, up to sc (ranks per expert) = "
+         "expert + model parallel; 0 or a divisor of sc")
       ->check(CLI::NonNegativeNumber);
   cmd.add_option("--a2a_overlap_degree", o.a2a_overlap_degree,
                  "under mpirun: capacity chunks overlapping a2a")
@@ -92,6 +94,8 @@ int main(int argc, char** argv) {
   CLI::App* init_model_cmd = xmoe::app::add_init_model_subcommand(app, init_model);
   xmoe::app::GenerateOptions generate;
   CLI::App* generate_cmd = xmoe::app::add_generate_subcommand(app, generate);
+  xmoe::app::ServeOptions serve;
+  CLI::App* serve_cmd = xmoe::app::add_serve_subcommand(app, serve);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -112,6 +116,7 @@ int main(int argc, char** argv) {
     if (reshard_cmd->parsed()) return xmoe::app::run_reshard(reshard);
     if (init_model_cmd->parsed()) return xmoe::app::run_init_model(init_model);
     if (generate_cmd->parsed()) return xmoe::app::run_generate(generate);
+    if (serve_cmd->parsed()) return xmoe::app::run_serve(serve);
     if (a2a_bench_cmd->parsed()) return xmoe::app::run_a2a_bench(a2a_bench);
     return xmoe::app::run_bench(bench);
   } catch (const xmoe::Error& e) {

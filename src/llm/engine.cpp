@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <numeric>
 #include <random>
 
 #include "xmoe/error.hpp"
@@ -32,6 +34,7 @@ struct Engine::Sequence {
   std::optional<StopStringMatcher> stops;
   GenerationResult result;
   bool finished = false;
+  bool cancelled = false;
 
   Sequence(RequestId i, GenerationRequest r, uint64_t seed)
       : id(i), request(std::move(r)), sampler(request.sampling, seed), tokens(request.prompt) {
@@ -41,6 +44,37 @@ struct Engine::Sequence {
   int64_t pending() const { return static_cast<int64_t>(tokens.size()) - computed; }
   int64_t generated() const { return static_cast<int64_t>(result.token_ids.size()); }
 };
+
+TokenLogprob token_logprob(std::span<const float> logits, double temperature, int32_t token, int top_n) {
+  XMOE_CHECK(token >= 0 && static_cast<size_t>(token) < logits.size(), "logprobs: token ", token,
+             " outside the logits row of ", logits.size());
+  const double scale = temperature > 0.0 ? 1.0 / temperature : 1.0;
+  double max_logit = -INFINITY;
+  for (float l : logits) max_logit = std::max(max_logit, static_cast<double>(l));
+  XMOE_CHECK(std::isfinite(max_logit), "logprobs: no finite logit");
+  double sum = 0;
+  for (float l : logits) sum += std::exp((static_cast<double>(l) - max_logit) * scale);
+  const double log_z = std::log(sum);
+  auto logprob_of = [&](int32_t t) {
+    return static_cast<float>((static_cast<double>(logits[static_cast<size_t>(t)]) - max_logit) * scale -
+                              log_z);
+  };
+  TokenLogprob out;
+  out.token = token;
+  out.logprob = logprob_of(token);
+  const size_t n = std::min(logits.size(), static_cast<size_t>(std::max(top_n, 0)));
+  if (n > 0) {
+    std::vector<int32_t> ids(logits.size());
+    std::iota(ids.begin(), ids.end(), 0);
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(),
+                      [&](int32_t a, int32_t b) {
+                        const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
+                        return la > lb || (la == lb && a < b);
+                      });
+    for (size_t i = 0; i < n; ++i) out.top.emplace_back(ids[i], logprob_of(ids[i]));
+  }
+  return out;
+}
 
 Engine::Engine(CausalLM& model, EngineOptions options)
     : model_(model),
@@ -69,6 +103,8 @@ RequestId Engine::submit(GenerationRequest request) {
   XMOE_CHECK(request.stop_strings.empty() || options_.text_stream,
              "engine: stop strings need a tokenizer to decode text");
   request.sampling.validate();
+  XMOE_CHECK(!request.logprobs || (*request.logprobs >= 0 && *request.logprobs <= model_.config().vocab_size),
+             "engine: logprobs alternatives must be in [0, vocab size], got ", request.logprobs.value_or(0));
   const uint64_t seed = request.sampling.seed ? *request.sampling.seed : std::random_device{}();
   const RequestId id = next_id_++;
   auto seq = std::make_unique<Sequence>(id, std::move(request), seed);
@@ -143,7 +179,34 @@ std::vector<Engine::ScheduledChunk> Engine::schedule() {
   return chunks;
 }
 
+bool Engine::cancel(RequestId id) {
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if ((*it)->id != id) continue;
+    waiting_.erase(it);  // waiting sequences hold no cache blocks
+    return true;
+  }
+  for (auto& s : running_) {
+    if (s->id != id) continue;
+    s->cancelled = true;
+    return true;
+  }
+  return done_.erase(id) > 0;
+}
+
+bool Engine::release_finished() {
+  bool any = false;
+  for (auto& s : running_) {
+    if (!s->finished && !s->cancelled) continue;
+    any = true;
+    cache_.release(*s->cache_seq);
+    if (!s->cancelled && s->request.retain_result) done_.emplace(s->id, std::move(s->result));
+  }
+  std::erase_if(running_, [](const std::unique_ptr<Sequence>& s) { return s->finished || s->cancelled; });
+  return any;
+}
+
 bool Engine::step() {
+  release_finished();  // sequences cancelled since the last step
   if (idle()) return false;
   const auto start = std::chrono::steady_clock::now();
   uint64_t step_weight_bytes = 0;
@@ -169,9 +232,9 @@ bool Engine::step() {
       s.computed += chunks[i].length;
       XMOE_CHECK(cache_.length(*s.cache_seq) == s.computed, "engine: the model left the cache of request ",
                  s.id, " at ", cache_.length(*s.cache_seq), " tokens, expected ", s.computed);
-      if (s.pending() > 0) continue;  // more of the prompt to feed before the next token
-      std::span<float> row(logits_.data() + i * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
-      accept_token(s, s.sampler.sample(row, s.penalties, static_cast<uint64_t>(s.generated())));
+      if (s.pending() > 0 || s.cancelled) continue;  // more of the prompt to feed before the next token
+      sample_next(
+          s, std::span<float>(logits_.data() + i * static_cast<size_t>(vocab), static_cast<size_t>(vocab)));
     }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -188,14 +251,7 @@ bool Engine::step() {
     stats_.decode_weight_bytes += step_weight_bytes;
   }
 
-  bool any_finished = false;
-  for (auto& s : running_) {
-    if (!s->finished) continue;
-    any_finished = true;
-    cache_.release(*s->cache_seq);
-    done_.emplace(s->id, std::move(s->result));
-  }
-  std::erase_if(running_, [](const std::unique_ptr<Sequence>& s) { return s->finished; });
+  const bool any_finished = release_finished();
   XMOE_CHECK(!batch.empty() || any_finished || idle(), "engine: no sequence could be scheduled (",
              waiting_.size(), " waiting, ", running_.size(), " running)");
   return true;
@@ -206,7 +262,27 @@ void Engine::run_until_idle() {
   }
 }
 
-void Engine::accept_token(Sequence& seq, int32_t token) {
+void Engine::sample_next(Sequence& seq, std::span<float> row) {
+  int32_t token = 0;
+  std::optional<TokenLogprob> logprob;
+  try {
+    if (seq.request.logits_processor) seq.request.logits_processor(row, seq.result.token_ids);
+    token = seq.sampler.sample(row, seq.penalties, static_cast<uint64_t>(seq.generated()));
+    if (seq.request.logprobs)
+      logprob = token_logprob(row, seq.request.sampling.temperature, token, *seq.request.logprobs);
+  } catch (const std::exception& e) {
+    // This request alone fails; the batch goes on.
+    StreamDelta delta;
+    delta.request = seq.id;
+    delta.error = e.what();
+    seq.result.error = e.what();
+    finish(seq, FinishReason::stop, delta);
+    return;
+  }
+  accept_token(seq, token, std::move(logprob));
+}
+
+void Engine::accept_token(Sequence& seq, int32_t token, std::optional<TokenLogprob> logprob) {
   seq.tokens.push_back(token);
   seq.penalties.add_generated(token);
   seq.result.token_ids.push_back(token);
@@ -214,6 +290,10 @@ void Engine::accept_token(Sequence& seq, int32_t token) {
   StreamDelta delta;
   delta.request = seq.id;
   delta.token_ids.push_back(token);
+  if (logprob) {
+    seq.result.logprobs.push_back(*logprob);
+    delta.logprobs.push_back(std::move(*logprob));
+  }
   const auto& req = seq.request;
   const bool stop_token =
       std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token) != req.stop_token_ids.end() ||
@@ -268,6 +348,7 @@ void Engine::finish(Sequence& seq, FinishReason reason, StreamDelta& delta) {
   seq.result.finish = reason;
   seq.finished = true;
   delta.finish = reason;
+  delta.stop_string = seq.result.stop_string;
   if (seq.request.on_delta) seq.request.on_delta(delta);
 }
 

@@ -14,8 +14,11 @@
 //
 // Timing (for tokens/s): a step that feeds any prefill token counts as prefill time; a step of decode tokens
 // only counts as decode time.
-// Single-threaded API: submit/step from one thread. Stream callbacks run inside step() and must not throw; an
-// exception from the model leaves the engine unusable.
+// cancel() drops a waiting request at once and stops a running one: it is not stepped again and its KV blocks
+// are freed at the start of the next step.
+// Single-threaded API: submit/step/cancel from one thread. Stream callbacks run inside step() and must not
+// throw; an exception from the model leaves the engine unusable. An exception from one sequence's sampling
+// (its logits processor, logits it cannot sample from) finishes that sequence alone with `error` set.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -23,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -47,12 +51,31 @@ const char* finish_reason_name(FinishReason r);  // "", "stop", "length"
 
 using RequestId = int64_t;
 
+// A generated token's log-probability under the distribution it was drawn from, as OpenAI reports it: the
+// log-softmax of the logits after the logits processor, the penalties and the temperature (temperature 0
+// counts as 1), before top-k/top-p/min-p truncation.
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // the most likely tokens at this position, best first
+};
+
+// Computes the TokenLogprob of `token` from a logits row that already carries the processor and penalties,
+// with `top_n` alternatives (ties to the lower id).
+TokenLogprob token_logprob(std::span<const float> logits, double temperature, int32_t token, int top_n);
+
 struct StreamDelta {
   RequestId request = 0;
-  std::string text;                // new text, possibly empty while held back
-  std::vector<int32_t> token_ids;  // tokens generated since the previous delta
+  std::string text;                    // new text, possibly empty while held back
+  std::vector<int32_t> token_ids;      // tokens generated since the previous delta
+  std::vector<TokenLogprob> logprobs;  // one per token id when the request asked for logprobs
   FinishReason finish = FinishReason::none;
+  std::string stop_string;  // with the finish: the stop string that ended the request, if any
+  std::string error;        // set with the finish when this request's processing failed (the others go on)
 };
+
+// Edits one sequence's logits row before sampling, given the tokens it generated so far.
+using LogitsProcessor = std::function<void(std::span<float> logits, std::span<const int32_t> generated)>;
 using StreamCallback = std::function<void(const StreamDelta&)>;
 
 struct GenerationRequest {
@@ -63,14 +86,19 @@ struct GenerationRequest {
   std::vector<std::string> stop_strings;  // need EngineOptions::text_stream
   bool ignore_eos = false;                // do not stop at EngineOptions::eos_token_ids
   StreamCallback on_delta;                // called from step(), after each new token and at the finish
+  LogitsProcessor logits_processor;       // optional, applied before the penalties
+  std::optional<int> logprobs;            // set: report each token's logprob with this many alternatives
+  bool retain_result = true;              // false: nothing kept after the finish (streamed-only requests)
 };
 
 struct GenerationResult {
   std::vector<int32_t> token_ids;  // generated, including a stop token that ended the request
   std::string text;                // without a matched stop string (and without stop tokens)
   FinishReason finish = FinishReason::none;
-  std::string stop_string;            // the stop string that matched, if any
-  std::optional<int32_t> stop_token;  // the stop token that ended the request, if any
+  std::string stop_string;             // the stop string that matched, if any
+  std::optional<int32_t> stop_token;   // the stop token that ended the request, if any
+  std::vector<TokenLogprob> logprobs;  // per generated token when the request asked for logprobs
+  std::string error;                   // this request's processing failed
   int64_t prompt_tokens = 0;
   int preemptions = 0;
 };
@@ -109,6 +137,8 @@ class Engine {
   // Runs one model step; false when there was nothing to do.
   bool step();
   void run_until_idle();
+  // Stops a request (see above); a finished one's result is dropped. False when the id is unknown.
+  bool cancel(RequestId id);
   bool idle() const { return running_.empty() && waiting_.empty(); }
 
   bool finished(RequestId id) const;
@@ -128,8 +158,10 @@ class Engine {
   };
   std::vector<ScheduledChunk> schedule();
   void preempt(Sequence& seq);
-  void accept_token(Sequence& seq, int32_t token);
+  void accept_token(Sequence& seq, int32_t token, std::optional<TokenLogprob> logprob);
   void finish(Sequence& seq, FinishReason reason, StreamDelta& delta);
+  void sample_next(Sequence& seq, std::span<float> row);
+  bool release_finished();  // finished and cancelled sequences leave the batch; true when any did
 
   CausalLM& model_;
   EngineOptions options_;

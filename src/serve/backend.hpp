@@ -14,6 +14,7 @@
 #include "llm/engine.hpp"
 #include "llm/model_config.hpp"
 #include "serve/chat_request.hpp"
+#include "serve/json_constraint.hpp"
 #include "serve/output_parser.hpp"
 #include "xmoe/tokenizer.hpp"
 
@@ -38,6 +39,9 @@ struct ModelInfo {
   const Tokenizer* tokenizer = nullptr;
   OutputFormat output_format = OutputFormat::plain;
   GenerationSettings defaults;  // generation_config.json sampling, server max tokens
+  // Every token's text for forced JSON (make_token_texts(*tokenizer), built once at load; when null the
+  // adapters build it per request that needs it).
+  std::shared_ptr<const TokenTexts> token_texts;
 };
 
 struct TokenLogprob {

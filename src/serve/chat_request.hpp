@@ -75,4 +75,7 @@ struct RenderedPrompt {
 };
 RenderedPrompt render_chat_prompt(const llm::ChatSetup& setup, const ChatRequest& request);
 
+// The tools a call is forced to (tool_choice named: that one; required: every offered tool; else none).
+std::vector<std::string> forced_tool_names(const ChatRequest& request);
+
 }  // namespace xmoe::serve

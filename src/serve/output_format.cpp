@@ -17,6 +17,10 @@ const char* output_format_name(OutputFormat f) {
 // The template says how the model was taught to call tools: Qwen3-Coder's templates render calls as
 // <function=name><parameter=p>…, Qwen3's as <tool_call>{json}</tool_call>.
 OutputFormat detect_output_format(const llm::ChatSetup& setup, const llm::ModelConfig&) {
+  return output_format_of_template(setup);
+}
+
+OutputFormat output_format_of_template(const llm::ChatSetup& setup) {
   if (!setup.chat_template) return OutputFormat::plain;
   const std::string& t = *setup.chat_template;
   if (t.find("<function=") != std::string::npos) return OutputFormat::qwen3_coder;

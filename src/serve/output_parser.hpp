@@ -9,6 +9,7 @@
 
 #include "llm/chat_setup.hpp"
 #include "llm/model_config.hpp"
+#include "serve/chat_request.hpp"
 
 namespace xmoe::serve {
 
@@ -16,7 +17,7 @@ struct OutputEvent {
   enum class Kind {
     text,                 // text: visible answer text
     thinking,             // text: reasoning text
-    tool_call_begin,      // tool_index, tool_id, tool_name
+    tool_call_begin,      // tool_index, tool_name (tool_id is left empty: each API names calls its own way)
     tool_call_arguments,  // tool_index, text: the next fragment of the arguments' JSON text
     tool_call_end,        // tool_index; the fragments so far concatenate to the whole JSON object
   };
@@ -29,8 +30,10 @@ struct OutputEvent {
 struct OutputParserOptions {
   bool parse_tools = true;  // false for tool_choice none or a request without tools
   bool parse_thinking = true;
-  bool starts_in_thinking = false;  // RenderedPrompt::starts_in_thinking
-  std::string forced_prefix;        // RenderedPrompt::forced_prefix, consumed before the first push
+  bool starts_in_thinking = false;    // RenderedPrompt::starts_in_thinking
+  std::string forced_prefix;          // RenderedPrompt::forced_prefix, consumed before the first push
+  std::vector<ToolDefinition> tools;  // the offered tools: formats whose arguments are untyped text
+                                      // (Qwen3-Coder's <parameter=…>) type the values by these schemas
 };
 
 class OutputParser {
@@ -47,6 +50,8 @@ enum class OutputFormat { plain, qwen3, qwen3_coder };
 const char* output_format_name(OutputFormat f);
 // From the chat template (Qwen3-Coder's <function=…> tool calls, Qwen3's <tool_call> JSON), else plain.
 OutputFormat detect_output_format(const llm::ChatSetup& setup, const llm::ModelConfig& config);
+// The same from the chat template alone (what render_chat_prompt needs to open a forced tool call).
+OutputFormat output_format_of_template(const llm::ChatSetup& setup);
 std::unique_ptr<OutputParser> make_output_parser(OutputFormat format, const OutputParserOptions& options);
 
 }  // namespace xmoe::serve

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -153,6 +154,7 @@ struct Streamed {
   std::vector<int32_t> ids;
   int finishes = 0;
   FinishReason finish = FinishReason::none;
+  std::string stop_string;
 };
 
 StreamCallback collect(Streamed& s) {
@@ -163,6 +165,7 @@ StreamCallback collect(Streamed& s) {
     if (d.finish != FinishReason::none) {
       ++s.finishes;
       s.finish = d.finish;
+      s.stop_string = d.stop_string;
     }
   };
 }
@@ -200,6 +203,7 @@ TEST(Engine, ContinuousBatchingEqualsRunningEachRequestAlone) {
     EXPECT_EQ(streams[i].ids, r.token_ids);
     EXPECT_EQ(streams[i].finishes, 1);
     EXPECT_EQ(streams[i].finish, r.finish);
+    EXPECT_EQ(streams[i].stop_string, r.stop_string);
     EXPECT_EQ(r.prompt_tokens, lengths[i]);
     prompt_tokens += lengths[i];
   }
@@ -433,6 +437,138 @@ TEST(Engine, SeedsReproduceAndDiffer) {
   expect_same(a, b);
   r.sampling.seed = 8;
   EXPECT_NE(run_alone(r).token_ids, a.token_ids);
+}
+
+TEST(Engine, CancelDropsAWaitingRequestAndFreesARunningOnesBlocksAtTheNextStep) {
+  const GenerationRequest other = make_request(7, 5, 12, false);
+  const GenerationResult other_alone = run_alone(other);
+  ToyModel model;
+  EngineOptions options = toy_options();
+  options.max_running = 2;
+  options.eos_token_ids = {};
+  Engine engine(model, options);
+  Streamed running, waiting;
+  GenerationRequest a = make_request(9, 1, 100, true), b = make_request(4, 2, 100, true);
+  a.on_delta = collect(running);
+  b.on_delta = collect(waiting);
+  const RequestId id_a = engine.submit(a);
+  const RequestId id_other = engine.submit(other);
+  const RequestId id_b = engine.submit(b);  // waits: two sequences already run
+  for (int s = 0; s < 3; ++s) engine.step();
+  EXPECT_EQ(engine.running_count(), 2);
+  EXPECT_EQ(engine.waiting_count(), 1);
+  EXPECT_TRUE(engine.cancel(id_b));
+  EXPECT_EQ(engine.waiting_count(), 0);
+  EXPECT_TRUE(waiting.ids.empty());
+
+  const int64_t free_before = engine.kv_cache().free_blocks();
+  EXPECT_TRUE(engine.cancel(id_a));
+  const size_t tokens_at_cancel = running.ids.size();
+  EXPECT_EQ(engine.kv_cache().free_blocks(), free_before) << "blocks are freed at the next step";
+  engine.step();
+  EXPECT_EQ(engine.running_count(), 1);
+  EXPECT_GT(engine.kv_cache().free_blocks(), free_before);
+  engine.run_until_idle();
+  EXPECT_EQ(running.ids.size(), tokens_at_cancel) << "no delta after cancel";
+  EXPECT_EQ(running.finishes, 0);
+  EXPECT_FALSE(engine.finished(id_a));
+  EXPECT_FALSE(engine.cancel(id_a));
+  EXPECT_EQ(engine.kv_cache().free_blocks(), engine.kv_cache().total_blocks());
+  expect_same(engine.take_result(id_other), other_alone);  // the batch went on undisturbed
+}
+
+// Oracle: log-softmax written out over the row the processor saw (no penalties here), in double.
+TEST(Engine, LogprobsAreTheLogSoftmaxOfTheProcessedLogitsAtTheTemperature) {
+  for (const double temperature : {0.0, 0.7}) {
+    SCOPED_TRACE(temperature);
+    GenerationRequest r = make_request(6, 3, 8, temperature == 0.0);
+    r.sampling = SamplingParams{};
+    r.sampling.temperature = temperature;
+    r.sampling.seed = 11;
+    r.logprobs = 5;
+    std::vector<std::vector<float>> rows;
+    r.logits_processor = [&rows](std::span<float> logits, std::span<const int32_t>) {
+      rows.emplace_back(logits.begin(), logits.end());
+    };
+    const GenerationResult result = run_alone(r);
+    ASSERT_EQ(result.logprobs.size(), result.token_ids.size());
+    ASSERT_EQ(rows.size(), result.token_ids.size());
+    const double t = temperature > 0 ? temperature : 1.0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      double z = 0;
+      for (float l : rows[i]) z += std::exp(l / t);
+      auto expected = [&](int32_t tok) { return rows[i][static_cast<size_t>(tok)] / t - std::log(z); };
+      const TokenLogprob& lp = result.logprobs[i];
+      EXPECT_EQ(lp.token, result.token_ids[i]);
+      EXPECT_NEAR(lp.logprob, expected(lp.token), 1e-5);
+      ASSERT_EQ(lp.top.size(), 5u);
+      std::vector<int32_t> order(kVocab);
+      for (int32_t k = 0; k < kVocab; ++k) order[static_cast<size_t>(k)] = k;
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int32_t x, int32_t y) { return rows[i][x] > rows[i][y]; });
+      for (size_t k = 0; k < 5; ++k) {
+        EXPECT_EQ(lp.top[k].first, order[k]);
+        EXPECT_NEAR(lp.top[k].second, expected(order[k]), 1e-5);
+      }
+      if (temperature == 0.0) {
+        EXPECT_EQ(lp.top[0].first, lp.token);
+      }
+    }
+  }
+}
+
+TEST(Engine, LogitsProcessorConstrainsTheDrawAndSeesTheOutputSoFar) {
+  GenerationRequest r = make_request(5, 4, 12, false);
+  size_t calls = 0;
+  r.logits_processor = [&calls](std::span<float> logits, std::span<const int32_t> generated) {
+    EXPECT_EQ(generated.size(), calls++);
+    for (size_t t = 0; t < logits.size(); ++t)
+      if (t % 3 != 0) logits[t] = -INFINITY;
+  };
+  const GenerationResult result = run_alone(r);
+  ASSERT_FALSE(result.token_ids.empty());
+  for (int32_t t : result.token_ids) EXPECT_EQ(t % 3, 0);
+}
+
+TEST(Engine, ARequestWhoseSamplingFailsFinishesAloneWithItsError) {
+  const GenerationRequest good = make_request(8, 6, 15, true);
+  const GenerationResult good_alone = run_alone(good);
+  ToyModel model;
+  EngineOptions options = toy_options();
+  options.eos_token_ids = {};
+  Engine engine(model, options);
+  GenerationRequest bad = make_request(5, 7, 15, false);
+  bad.logits_processor = [](std::span<float> logits, std::span<const int32_t> generated) {
+    if (generated.size() == 3) std::fill(logits.begin(), logits.end(), -INFINITY);  // nothing to sample
+  };
+  Streamed streamed;
+  std::string error;
+  bad.on_delta = [&](const StreamDelta& d) {
+    collect(streamed)(d);
+    if (!d.error.empty()) error = d.error;
+  };
+  const RequestId id_bad = engine.submit(bad);
+  const RequestId id_good = engine.submit(good);
+  engine.run_until_idle();
+  EXPECT_EQ(streamed.finishes, 1);
+  EXPECT_EQ(streamed.ids.size(), 3u);
+  EXPECT_NE(error.find("every logit is -inf"), std::string::npos) << error;
+  EXPECT_EQ(engine.take_result(id_bad).error, error);
+  expect_same(engine.take_result(id_good), good_alone);
+  EXPECT_EQ(engine.kv_cache().free_blocks(), engine.kv_cache().total_blocks());
+}
+
+TEST(Engine, UnretainedResultsAreNotKeptAfterTheFinish) {
+  ToyModel model;
+  Engine engine(model, toy_options());
+  GenerationRequest r = make_request(4, 1, 5, true);
+  r.retain_result = false;
+  Streamed streamed;
+  r.on_delta = collect(streamed);
+  const RequestId id = engine.submit(r);
+  engine.run_until_idle();
+  EXPECT_EQ(streamed.finishes, 1);
+  EXPECT_FALSE(engine.finished(id));
 }
 
 TEST(Engine, RejectsBadRequestsAndOptions) {

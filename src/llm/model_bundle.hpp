@@ -1,0 +1,32 @@
+// Everything a checkpoint directory holds for running it: the checkpoint (config + weights), the tokenizer,
+// the chat setup (template, eos ids, generation_config.json defaults) and, once loaded, the model. One loader
+// shared by `xmoe generate`, `xmoe serve` and bindings, so they read a directory the same way.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "llm/chat_setup.hpp"
+#include "llm/checkpoint.hpp"
+#include "llm/model.hpp"
+#include "xmoe/tokenizer.hpp"
+
+namespace xmoe::llm {
+
+struct ModelBundle {
+  std::string dir;
+  Checkpoint checkpoint;
+  std::optional<Tokenizer> tokenizer;  // dir/tokenizer.json when present
+  ChatSetup chat;
+  std::unique_ptr<CausalLM> model;  // set by load_weights
+
+  // Opens the directory's files (cheap: the weights are mapped, not read). Throws xmoe::Error naming the
+  // missing or malformed file.
+  static ModelBundle open(const std::string& dir);
+  // Loads the weights with a progress bar on stderr ("loading DIR").
+  void load_weights(DType dtype, const std::string& isa);
+  // The tokenizer, or an error saying what needs it.
+  const Tokenizer& require_tokenizer(const std::string& purpose) const;
+};
+
+}  // namespace xmoe::llm

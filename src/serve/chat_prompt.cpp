@@ -1,0 +1,138 @@
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "serve/chat_request.hpp"
+#include "serve/output_parser.hpp"
+#include "xmoe/chat_template.hpp"
+#include "xmoe/error.hpp"
+
+namespace xmoe::serve {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+const char* role_name(Role r) {
+  switch (r) {
+    case Role::system:
+      return "system";
+    case Role::user:
+      return "user";
+    case Role::assistant:
+      return "assistant";
+    case Role::tool:
+      return "tool";
+  }
+  return "user";
+}
+
+// HF's convention: templates receive arguments as an object (they tojson it or iterate its items); text that
+// is not a JSON object is passed on as the string it is.
+ojson arguments_value(const std::string& arguments) {
+  ojson j = ojson::parse(arguments, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object()) return j;
+  return ojson(arguments);
+}
+
+ojson message_json(const ChatMessage& m) {
+  ojson j{{"role", role_name(m.role)}, {"content", m.content}};
+  if (m.role == Role::assistant) {
+    if (!m.reasoning.empty()) j["reasoning_content"] = m.reasoning;
+    if (!m.tool_calls.empty()) {
+      ojson calls = ojson::array();
+      for (const ToolCall& c : m.tool_calls)
+        calls.push_back(
+            ojson{{"type", "function"},
+                  {"id", c.id},
+                  {"function", ojson{{"name", c.name}, {"arguments", arguments_value(c.arguments)}}}});
+      j["tool_calls"] = std::move(calls);
+    }
+  }
+  if (m.role == Role::tool) {
+    j["tool_call_id"] = m.tool_call_id;
+    if (!m.tool_name.empty()) j["name"] = m.tool_name;
+  }
+  return j;
+}
+
+bool tools_offered(const ChatRequest& r) {
+  return !r.tools.empty() && r.tool_choice != ToolChoice::none;
+}
+
+std::string quoted(const std::string& s) {
+  return ojson(s).dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
+
+}  // namespace
+
+std::vector<std::string> forced_tool_names(const ChatRequest& request) {
+  std::vector<std::string> names;
+  if (request.tool_choice == ToolChoice::named) {
+    names.push_back(request.tool_choice_name);
+  } else if (request.tool_choice == ToolChoice::required) {
+    for (const ToolDefinition& t : request.tools) names.push_back(t.name);
+  }
+  return names;
+}
+
+std::string forced_tool_prefix(OutputFormat format, const ChatRequest& request) {
+  const std::vector<std::string> names = forced_tool_names(request);
+  if (names.empty()) return "";
+  switch (format) {
+    case OutputFormat::qwen3:
+      if (names.size() == 1) return "<tool_call>\n{\"name\": " + quoted(names[0]) + ", \"arguments\": ";
+      return "<tool_call>\n{\"name\": \"";
+    case OutputFormat::qwen3_coder:
+      if (names.size() == 1) return "<tool_call>\n<function=" + names[0] + ">\n";
+      return "<tool_call>\n<function=";
+    case OutputFormat::plain:
+      break;
+  }
+  return "";
+}
+
+RenderedPrompt render_chat_prompt(const llm::ChatSetup& setup, const ChatRequest& request) {
+  XMOE_CHECK(
+      setup.chat_template.has_value(),
+      "the model has no chat template (tokenizer_config.json \"chat_template\" or chat_template.jinja)");
+  ojson messages = ojson::array();
+  for (const ChatMessage& m : request.messages) messages.push_back(message_json(m));
+  ojson context = ojson::object();
+  // Template keyword arguments first, so that they cannot replace the conversation itself.
+  for (const auto& [key, value] : request.chat_template_kwargs.items()) context[key] = value;
+  context["messages"] = std::move(messages);
+  // Tools are not shown for tool_choice "none": the parser would not read a call, so none is invited
+  // (vLLM's --exclude-tools-when-tool-choice-none behaviour).
+  if (tools_offered(request)) {
+    ojson tools = ojson::array();
+    for (const ToolDefinition& t : request.tools) {
+      ojson fn{{"name", t.name}};
+      if (!t.description.empty()) fn["description"] = t.description;
+      fn["parameters"] = t.parameters;
+      tools.push_back(ojson{{"type", "function"}, {"function", std::move(fn)}});
+    }
+    context["tools"] = std::move(tools);
+  } else {
+    context["tools"] = nullptr;
+  }
+  context["add_generation_prompt"] = true;
+  if (request.enable_thinking) context["enable_thinking"] = *request.enable_thinking;
+  context["bos_token"] = setup.bos_token;
+  context["eos_token"] = setup.eos_token;
+
+  const ChatTemplate tmpl = ChatTemplate::parse(*setup.chat_template, setup.chat_template_origin);
+  RenderedPrompt out;
+  out.text = tmpl.render_ordered(context);
+  std::string_view trimmed = out.text;
+  while (!trimmed.empty() && std::string_view(" \t\r\n").find(trimmed.back()) != std::string_view::npos)
+    trimmed.remove_suffix(1);
+  out.starts_in_thinking = trimmed.ends_with("<think>");
+  if (tools_offered(request)) {
+    out.forced_prefix = forced_tool_prefix(output_format_of_template(setup), request);
+    if (!out.forced_prefix.empty()) out.starts_in_thinking = false;
+  }
+  out.text += out.forced_prefix;
+  return out;
+}
+
+}  // namespace xmoe::serve
