@@ -66,8 +66,8 @@ def test_checker_flags_each_defect(name, stream):
     assert problems, f"the checker missed: {name}"
 
 
-def test_64_streaming_clients(server_factory, tmp_path):
-    served = server_factory("--max-batch", "64")
+def test_64_streaming_clients(make_server, tmp_path):
+    served = make_server("--max-batch", "64")
     summary_file = tmp_path / "load.json"
     command = [sys.executable, str(REPO / "tools" / "serve_load.py"), "--base-url", served.base_url,
                "--clients", "64", "--warmup", "3", "--duration", "12", "--pid", str(served.proc.pid),

@@ -237,23 +237,40 @@ def metric(base_url, api_key, name):
 
 
 def test_stop_ends_the_stream_and_keeps_the_partial_answer(server, browser):
+    import openai
+
+    # A long generation: greedy on this prompt runs to the context limit (checked through the SDK first), and
+    # the browser's network is throttled, so the stream is still arriving when Stop is pressed.
+    prompt = "Write a very long story."
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key=server.api_key or "none")
+    full = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": prompt}],
+                                          temperature=0, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens > 1000
+
     open_page(browser, server.base_url, server.api_key)
     wait_for(lambda: browser.find_element("id", "model-name").text == server.model, 15, "the model name")
-    set_settings(browser, temperature=1, max_tokens="", thinking=False)  # the server's limit: a long answer
-    send_message(browser, "Write a very long story.")
+    set_settings(browser, temperature=0, max_tokens="", thinking=False)
+    browser.execute_cdp_cmd("Network.enable", {})
+    browser.execute_cdp_cmd("Network.emulateNetworkConditions", {
+        "offline": False, "latency": 0, "downloadThroughput": 20_000, "uploadThroughput": -1})
+    send_message(browser, prompt)
     wait_for(lambda: (last_assistant(browser) or {}).get("answer"), 60, "the first streamed text")
     browser.find_element("id", "stop").click()
     wait_for(lambda: (last_assistant(browser) or {}).get("state"), 10, "the turn to end")
     stopped = last_assistant(browser)
-    assert stopped["state"] == "stopped", "the generation finished before Stop was pressed"
-    assert stopped["answer"]
+    assert stopped["state"] == "stopped"
+    assert stopped["answer"] and full.choices[0].message.content.startswith(stopped["answer"])
+    assert len(stopped["answer"]) < len(full.choices[0].message.content)
     time.sleep(0.5)
     assert last_assistant(browser)["answer"] == stopped["answer"], "text kept arriving after Stop"
     assert browser.find_element("id", "stop").get_attribute("hidden") is not None
     assert browser.find_element("id", "send").is_displayed()
-    # The server saw the client leave and cancelled the sequence.
-    wait_for(lambda: metric(server.base_url, server.api_key, "xmoe_running_sequences") == 0, 10,
-             "the server to cancel the stopped sequence")
+    browser.execute_cdp_cmd("Network.emulateNetworkConditions", {
+        "offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1})
+    # The server let go of the sequence: nothing running, no KV-cache blocks held.
+    wait_for(lambda: metric(server.base_url, server.api_key, "xmoe_running_sequences") == 0
+             and metric(server.base_url, server.api_key, "xmoe_kv_cache_blocks_used") == 0, 10,
+             "the server to release the stopped sequence")
     screenshot(browser, "web-page-stopped.png")
 
     # The partial answer is part of the conversation: the next request carries it.
