@@ -290,7 +290,7 @@ def summarize(args, totals, wall, idle, after):
         quarter = max(1, len(rss) // 4)
         first, last = statistics.median(rss[:quarter]), statistics.median(rss[-quarter:])
         summary.update(rss_first_quartile_mib=round(first / 1024, 1), rss_last_quartile_mib=round(last / 1024, 1),
-                       rss_samples=len(rss))
+                       rss_samples=len(rss), rss_mib=[round(kib / 1024, 1) for kib in rss])
         checks["rss_flat"] = last <= first * (1 + args.rss_tolerance) + args.rss_slack_mib * 1024
     elif args.pid:
         checks["rss_flat"] = False
