@@ -14,7 +14,8 @@ HTTP serving costs <= 5 %). Beside it, decode rates: the engine's own decode tok
 the server's at the client, counted while all N streams are running (text events between the last stream's first
 token and the first stream's end; each event is one token unless UTF-8 bytes were held back). TTFT is from
 sending to the first token. Scaling: aggregate throughput at max(N) streams over one stream (goal >= 4x).
-Only one copy of the model is in memory at a time: every generate run ends before the server starts.
+Only one copy of the model is in memory at a time: every generate run ends before the server starts, and the
+server stops before the next generate run.
   python tools/bench_serve.py --model /tmp/q3-8l --threads 2
 """
 
@@ -135,19 +136,19 @@ def main(argv=None):
     args = parse_args(argv)
     counts = [int(n) for n in args.streams.split(",")]
     results = {n: {"generate": [], "serve": []} for n in counts}
+    # The machine's load drifts: each N's two measurements run back to back (generate, then a fresh server with
+    # one warm-up request), so both see the same conditions.
     for _ in range(args.repeats):
         for n in counts:
             results[n]["generate"].append(run_generate(args, n))
             print(f"generate --batch {n}: {results[n]['generate'][-1]}", file=sys.stderr)
-    server = Server(args, max(counts))
-    try:
-        asyncio.run(serve_round(server.base_url, args, 1))  # warm-up: first-touch of the weights, threads
-        for _ in range(args.repeats):
-            for n in counts:
+            server = Server(args, max(counts))
+            try:
+                asyncio.run(serve_round(server.base_url, args, 1))  # warm-up: threads, first allocations
                 results[n]["serve"].append(asyncio.run(serve_round(server.base_url, args, n)))
-                print(f"serve, {n} streams: {results[n]['serve'][-1]}", file=sys.stderr)
-    finally:
-        server.close()
+            finally:
+                server.close()
+            print(f"serve, {n} streams: {results[n]['serve'][-1]}", file=sys.stderr)
 
     print(f"model {args.model}; prompt {args.prompt_len} tokens, {args.max_tokens} generated per stream, greedy, "
           f"ignore_eos; threads {args.threads or os.cpu_count()}; median of {args.repeats}")
