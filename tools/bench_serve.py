@@ -14,7 +14,8 @@ HTTP serving costs <= 5 %). Beside it, decode rates: the engine's own decode tok
 the server's at the client, counted while all N streams are running (text events between the last stream's first
 token and the first stream's end; each event is one token unless UTF-8 bytes were held back). TTFT is from
 sending to the first token. Scaling: aggregate throughput at max(N) streams over one stream (goal >= 4x).
-Only one copy of the model is in memory at a time: every generate run ends before the server starts, and the
+Both inherit this process's environment: on a machine shared with other work, OMP_WAIT_POLICY=passive keeps
+OpenMP's spinning from dominating the figures. Only one copy of the model is in memory at a time: every generate run ends before the server starts, and the
 server stops before the next generate run.
   python tools/bench_serve.py --model /tmp/q3-8l --threads 2
 """
@@ -151,7 +152,8 @@ def main(argv=None):
             print(f"serve, {n} streams: {results[n]['serve'][-1]}", file=sys.stderr)
 
     print(f"model {args.model}; prompt {args.prompt_len} tokens, {args.max_tokens} generated per stream, greedy, "
-          f"ignore_eos; threads {args.threads or os.cpu_count()}; median of {args.repeats}")
+          f"ignore_eos; threads {args.threads or os.cpu_count()}; OMP_WAIT_POLICY "
+          f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}; median of {args.repeats}")
     print("| streams | generate tok/s | serve tok/s | serve / generate | generate decode tok/s |"
           " serve decode tok/s | TTFT p50 | TTFT max |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
