@@ -65,7 +65,9 @@ CLI::App* add_serve_subcommand(CLI::App& app, ServeOptions& o) {
   cmd->add_option("--max-body-mb", o.max_body_mb, "largest request body in MiB (413 beyond)")
       ->check(positive)
       ->capture_default_str();
-  cmd->add_option("--http-threads", o.http_threads, "connections served at once (0 = 2 x --max-batch + 8)")
+  cmd->add_option(
+         "--http-threads", o.http_threads,
+         "connections served at once, idle kept-alive ones included (0 = --max-batch + --max-queue + 8)")
       ->check(non_negative_integer());
   cmd->add_option("--shutdown-grace", o.shutdown_grace_s,
                   "seconds in-flight requests get to finish after SIGINT/SIGTERM before they are cancelled")
@@ -85,15 +87,7 @@ std::string directory_name(const std::string& dir) {
 }  // namespace
 
 int run_serve(const ServeOptions& o) {
-  // SIGINT/SIGTERM are blocked in every thread (OpenMP's and the server's inherit the mask) and taken by
-  // sigwait below, so no work happens in a signal handler. A client that leaves must not kill the server.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-
+  signal(SIGPIPE, SIG_IGN);  // a client that leaves must not kill the server
   std::string api_key = o.api_key;
   if (api_key.empty())
     if (const char* env = std::getenv("XMOE_API_KEY")) api_key = env;
@@ -105,7 +99,18 @@ int run_serve(const ServeOptions& o) {
   const int64_t max_seq_len = o.max_seq_len > 0 ? o.max_seq_len : config.max_position_embeddings;
   XMOE_CHECK(max_seq_len >= 2, "serve: the context length is ", max_seq_len,
              " (config max_position_embeddings); give --max-seq-len");
-  bundle.load_weights(parse_dtype(o.dtype), o.isa);
+  bundle.load_weights(parse_dtype(o.dtype), o.isa);  // Ctrl-C still ends the process here
+
+  // From now on SIGINT/SIGTERM are blocked in every thread and taken by sigwait below, so no work happens in
+  // a signal handler: in this thread, in OpenMP's workers (made during the load), and in every thread started
+  // later (the engine's driver, the HTTP pool), which inherit the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+#pragma omp parallel
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   serve::ModelInfo info;
   info.served_name = o.served_model_name.empty() ? directory_name(o.model) : o.served_model_name;
@@ -135,7 +140,7 @@ int run_serve(const ServeOptions& o) {
   http.port = o.port;
   http.api_key = api_key;
   http.max_body_bytes = static_cast<size_t>(o.max_body_mb) << 20;
-  http.threads = o.http_threads > 0 ? o.http_threads : 2 * o.max_batch + 8;
+  http.threads = o.http_threads > 0 ? o.http_threads : o.max_batch + o.max_queue + 8;
   serve::HttpServer server(http,
                            serve::server_routes(
                                metrics, [&service] { return service.gauges(); }, page),

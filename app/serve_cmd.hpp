@@ -22,7 +22,7 @@ struct ServeOptions {
   std::string dtype = "bf16";
   std::string isa;
   int64_t max_body_mb = 32;
-  int http_threads = 0;  // 0: 2 x max_batch + 8
+  int http_threads = 0;  // 0: max_batch + max_queue + 8 (each open connection holds one)
   double shutdown_grace_s = 5.0;
 };
 

@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# Builds xmoe and runs the whole test suite twice: optimised, then under AddressSanitizer + UBSan.
+# Builds xmoe and runs the whole test suite twice: optimised, then under AddressSanitizer + UBSan; the
+# server's Python tests (SDKs, browser) run once, against the optimised build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
+# The server end to end, once, against the optimised build: the official openai/anthropic SDKs, httpx,
+# Selenium (headless Chromium), and transformers' tokenizer and chat template (jinja2; no torch) as the usage
+# oracle, from PyPI in a venv under the build folder.
+python3 -m venv build/venv
+build/venv/bin/pip install -q --disable-pip-version-check openai anthropic selenium httpx pytest transformers jinja2
+XMOE_CLI="$PWD/build/xmoe" build/venv/bin/python -m pytest tests/serve -q -p no:cacheprovider
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXMOE_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

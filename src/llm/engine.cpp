@@ -232,7 +232,7 @@ bool Engine::step() {
       s.computed += chunks[i].length;
       XMOE_CHECK(cache_.length(*s.cache_seq) == s.computed, "engine: the model left the cache of request ",
                  s.id, " at ", cache_.length(*s.cache_seq), " tokens, expected ", s.computed);
-      if (s.pending() > 0 || s.cancelled) continue;  // more of the prompt to feed before the next token
+      if (s.pending() > 0 || s.cancelled) continue;  // more prompt to feed first, or cancelled by a callback
       sample_next(
           s, std::span<float>(logits_.data() + i * static_cast<size_t>(vocab), static_cast<size_t>(vocab)));
     }

@@ -157,6 +157,7 @@ LogitsProcessor forced_json_processor(const ChatRequest& request, const ModelInf
   JsonConstraint c;
   c.max_tokens = max_tokens;
   c.end_tokens = info.chat ? info.chat->eos_token_ids : std::vector<int32_t>{};
+  c.forbidden = {"<tool_call>", "</tool_call>", "<think>", "</think>"};
   if (forced_tool) {
     // Only the JSON format has a JSON grammar to force; other formats get the forced opening alone.
     if (format != OutputFormat::qwen3) return nullptr;
@@ -199,7 +200,8 @@ PreparedChat prepare_chat(const ChatRequest& request, Backend& backend) {
                            make_thinking_budget_processor(*close, *request.thinking_budget));
   }
   p.parser.parse_tools = !request.tools.empty() && request.tool_choice != ToolChoice::none;
-  p.parser.parse_thinking = true;
+  // A forced JSON answer starts at the first token: there is no thinking to find in it.
+  p.parser.parse_thinking = !(request.json_object && p.prompt.forced_prefix.empty());
   p.parser.starts_in_thinking = p.prompt.starts_in_thinking;
   p.parser.forced_prefix = p.prompt.forced_prefix;
   if (p.parser.parse_tools) p.parser.tools = request.tools;

@@ -265,7 +265,11 @@ void HttpServer::log(const httplib::Request& req, const httplib::Response& res) 
       records_.erase(it);
     }
   }
-  const std::string route = record && !record->route.empty() ? record->route : "unmatched";
+  // Requests refused before routing (401, 413) count under their path when it is a route's.
+  std::string route = record ? record->route : std::string();
+  for (size_t i = 0; route.empty() && i < routes_.size(); ++i)
+    if (routes_[i].path == req.path) route = req.path;
+  if (route.empty()) route = "unmatched";
   if (metrics_) metrics_->count_request(route, res.status);
   if (!options_.access_log) return;
   std::string line = utc_now() + " " + req.remote_addr + " \"" + req.method + " " + req.path + "\" " +

@@ -24,7 +24,13 @@ struct ConstraintState {
 class JsonProcessor {
  public:
   JsonProcessor(std::shared_ptr<const TokenTexts> texts, JsonConstraint c)
-      : texts_(std::move(texts)), c_(std::move(c)) {}
+      : texts_(std::move(texts)), c_(std::move(c)) {
+    auto banned = std::make_shared<std::vector<uint8_t>>(texts_->text.size(), 0);
+    for (size_t t = 0; t < texts_->text.size(); ++t)
+      for (const std::string& f : c_.forbidden)
+        if (texts_->text[t].find(f) != std::string::npos) (*banned)[t] = 1;
+    banned_ = std::move(banned);
+  }
 
   void operator()(std::span<float> logits, std::span<const int32_t> generated) const {
     ConstraintState s = initial();
@@ -38,25 +44,37 @@ class JsonProcessor {
     auto allow = [&](int32_t t) {
       if (t >= 0 && static_cast<size_t>(t) < allowed.size()) allowed[t] = 1, any = true;
     };
+    // When no token leaves enough budget to close (a budget too small for the markup), the tokens that
+    // bring the end nearest are allowed, so that the text is as complete as it can be when it is cut.
+    size_t best_need = std::numeric_limits<size_t>::max();
+    std::vector<int32_t> nearest;
+    auto consider = [&](int32_t t, size_t need) {
+      if (static_cast<int64_t>(need) <= after_this) return allow(t);
+      if (need < best_need) best_need = need, nearest.clear();
+      if (need == best_need) nearest.push_back(t);
+    };
     if (s.phase == ConstraintState::Phase::end) {
       for (int32_t t : c_.end_tokens) allow(t);
     } else {
       const bool plain_string = s.phase == ConstraintState::Phase::object && s.json.in_plain_string();
-      const bool budget_unchanged_ok = static_cast<int64_t>(needed(s)) <= after_this;
+      const size_t need_now = needed(s);
       for (int b = 0; b < 256; ++b) {
         const auto& bucket = texts_->by_first_byte[b];
         if (bucket.empty()) continue;
         ConstraintState probe = s;
         if (!feed_byte(probe, static_cast<char>(b))) continue;
         for (const int32_t t : bucket) {
+          if ((*banned_)[t]) continue;
           if (plain_string && texts_->plain_string[t]) {
-            if (budget_unchanged_ok) allow(t);
+            consider(t, need_now);
             continue;
           }
           ConstraintState next = s;
-          if (feed(next, texts_->text[t]) && static_cast<int64_t>(needed(next)) <= after_this) allow(t);
+          if (feed(next, texts_->text[t])) consider(t, needed(next));
         }
       }
+      if (!any)
+        for (int32_t t : nearest) allow(t);
     }
     if (!any) return;  // nothing fits (a vocabulary without single-byte tokens): leave the row alone
     for (size_t i = 0; i < logits.size(); ++i)
@@ -128,6 +146,7 @@ class JsonProcessor {
 
   std::shared_ptr<const TokenTexts> texts_;
   JsonConstraint c_;
+  std::shared_ptr<const std::vector<uint8_t>> banned_;  // shared: std::function copies the processor
 };
 
 }  // namespace

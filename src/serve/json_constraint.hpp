@@ -33,6 +33,9 @@ struct JsonConstraint {
   std::string suffix;                 // written after the object
   std::vector<int32_t> end_tokens;    // the only tokens allowed once the suffix is written (eos)
   int64_t max_tokens = 0;             // the request's budget, including the end token
+  // Tokens whose text holds one of these are never allowed (the family's markup: a "</tool_call>" inside
+  // an argument string would end the call early for the output parser).
+  std::vector<std::string> forbidden;
 };
 LogitsProcessor make_json_logits_processor(std::shared_ptr<const TokenTexts> texts,
                                            JsonConstraint constraint);

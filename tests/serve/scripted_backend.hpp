@@ -21,6 +21,10 @@ inline std::string read_text_file(const std::string& path) {
 }
 
 struct Script {
+  Script() = default;
+  Script(std::vector<std::string> pieces_, llm::FinishReason finish_ = llm::FinishReason::stop,
+         std::string stop_string_ = {})
+      : pieces(std::move(pieces_)), finish(finish_), stop_string(std::move(stop_string_)) {}
   std::vector<std::string> pieces;  // one GenerationDelta each
   llm::FinishReason finish = llm::FinishReason::stop;
   std::string stop_string;

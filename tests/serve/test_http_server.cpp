@@ -218,6 +218,7 @@ TEST_F(HttpServerTest, AccessLogAndRequestCountersRecordEachRequest) {
   c.Post("/v1/chat/completions", {{"x-api-key", "sekrit"}}, R"({"limit":3})", "application/json");
   c.Get("/health");
   c.Get("/nowhere");
+  c.Post("/v1/messages", "{}", "application/json");  // 401 before routing, counted under its route
   const std::string log = access_log();
   EXPECT_NE(log.find("\"POST /v1/chat/completions\" 200 "), std::string::npos) << log;
   EXPECT_NE(log.find("prompt_tokens=7 completion_tokens=3"), std::string::npos) << log;
@@ -228,6 +229,8 @@ TEST_F(HttpServerTest, AccessLogAndRequestCountersRecordEachRequest) {
             std::string::npos)
       << text;
   EXPECT_NE(text.find("xmoe_http_requests_total{route=\"unmatched\",status=\"401\"} 1"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("xmoe_http_requests_total{route=\"/v1/messages\",status=\"401\"} 1"), std::string::npos)
       << text;
 }
 
