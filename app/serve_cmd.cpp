@@ -20,11 +20,8 @@
 #include "serve/json_constraint.hpp"
 #include "serve/routes.hpp"
 #include "serve/service.hpp"
-#include "xmoe/error.hpp"
-#if __has_include("serve/web_page.hpp")
 #include "serve/web_page.hpp"
-#define XMOE_HAVE_WEB_PAGE 1
-#endif
+#include "xmoe/error.hpp"
 
 namespace xmoe::app {
 
@@ -137,11 +134,7 @@ int run_serve(const ServeOptions& o) {
   serve::ServerMetrics metrics;
   serve::Service service(*bundle.model, info, service_options, &metrics);
 
-#ifdef XMOE_HAVE_WEB_PAGE
   const std::string_view page = serve::web_page();
-#else
-  const std::string_view page;
-#endif
   serve::HttpServerOptions http;
   http.host = o.host;
   http.port = o.port;
