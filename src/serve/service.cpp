@@ -1,5 +1,7 @@
 #include "serve/service.hpp"
 
+#include <omp.h>
+
 #include <deque>
 #include <optional>
 
@@ -93,7 +95,13 @@ Service::Service(llm::CausalLM& model, ModelInfo info, ServiceOptions options, S
   engine_ = std::make_unique<llm::Engine>(model_, options_.engine);
   cache_capacity_tokens_ = engine_->kv_cache().total_blocks() * engine_->kv_cache().block_size();
   publish_gauges();
-  driver_ = std::thread([this] { drive(); });
+  // OpenMP's thread count is a per-thread setting: the driver runs the model's parallel regions, so it takes
+  // the count its creator was given (xmoe serve --threads), not the process default.
+  const int threads = omp_get_max_threads();
+  driver_ = std::thread([this, threads] {
+    omp_set_num_threads(threads);
+    drive();
+  });
 }
 
 Service::~Service() {
