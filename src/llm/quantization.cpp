@@ -156,8 +156,9 @@ QuantizationConfig parse_quantization_config(const std::string& dir) {
       parse_compressed_tensors(q, where, c);
     } else if (method == "modelopt") {
       // transformers writes this stub next to hf_quant_config.json, which carries the details.
-      XMOE_CHECK(file_exists(dir + "/hf_quant_config.json"), where,
-                 ": field 'quant_method' is 'modelopt', but hf_quant_config.json (which describes it) is missing");
+      XMOE_CHECK(
+          file_exists(dir + "/hf_quant_config.json"), where,
+          ": field 'quant_method' is 'modelopt', but hf_quant_config.json (which describes it) is missing");
     } else {
       throw Error(where + ": field 'quant_method' is '" + method +
                   "'; supported: fp8, mxfp4, compressed-tensors, modelopt (with hf_quant_config.json)");
