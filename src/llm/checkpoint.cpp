@@ -17,6 +17,22 @@
 
 namespace xmoe::llm {
 
+const char* tensor_dtype_name(TensorDType f) {
+  switch (f) {
+    case TensorDType::f32:
+      return "F32";
+    case TensorDType::f16:
+      return "F16";
+    case TensorDType::bf16:
+      return "BF16";
+    case TensorDType::f8_e4m3:
+      return "F8_E4M3";
+    case TensorDType::u8:
+      return "U8";
+  }
+  return "?";
+}
+
 namespace {
 
 using json = nlohmann::json;
@@ -33,22 +49,6 @@ std::string shape_str(std::span<const int64_t> shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
-}
-
-const char* dtype_name_of(TensorDType f) {
-  switch (f) {
-    case TensorDType::f32:
-      return "F32";
-    case TensorDType::f16:
-      return "F16";
-    case TensorDType::bf16:
-      return "BF16";
-    case TensorDType::f8_e4m3:
-      return "F8_E4M3";
-    case TensorDType::u8:
-      return "U8";
-  }
-  return "?";
 }
 
 bool dtype_of(const std::string& name, TensorDType& out) {
@@ -83,7 +83,7 @@ size_t element_size(TensorDType f) {
 
 void check_holds_values(const WeightView& w) {
   XMOE_CHECK(w.dtype == TensorDType::f32 || w.dtype == TensorDType::f16 || w.dtype == TensorDType::bf16,
-             "weight '", w.name, "': dtype ", dtype_name_of(w.dtype),
+             "weight '", w.name, "': dtype ", tensor_dtype_name(w.dtype),
              " holds quantized codes, not values; it is read as a packed weight");
 }
 
@@ -267,7 +267,7 @@ WeightView Checkpoint::weight(const std::string& name, std::span<const int64_t> 
     const bool same =
         std::equal(e.shape.begin(), e.shape.end(), expected_shape.begin(), expected_shape.end());
     XMOE_CHECK(same, "checkpoint ", dir_, ": tensor '", name, "' in ", file.path(), " has shape ",
-               shape_str(e.shape), ", expected ", shape_str(expected_shape), " (", dtype_name_of(w.dtype),
+               shape_str(e.shape), ", expected ", shape_str(expected_shape), " (", tensor_dtype_name(w.dtype),
                ")");
   }
   w.shape = e.shape;

@@ -19,6 +19,7 @@ namespace xmoe::llm {
 // codes and scales of quantized weights (quantization.hpp), read as PackedWeight views by the loader and
 // decoded inside the kernels rather than expanded into a dequantized copy.
 enum class TensorDType { f32, f16, bf16, f8_e4m3, u8 };
+const char* tensor_dtype_name(TensorDType t);  // the safetensors spelling: "F32", "F8_E4M3", ...
 
 // A read-only view of one tensor of the checkpoint (the bytes stay in the mapped file).
 struct WeightView {

@@ -21,22 +21,6 @@ std::string module_of(const std::string& name) {
   return name;
 }
 
-const char* dtype_str(TensorDType f) {
-  switch (f) {
-    case TensorDType::f32:
-      return "F32";
-    case TensorDType::f16:
-      return "F16";
-    case TensorDType::bf16:
-      return "BF16";
-    case TensorDType::f8_e4m3:
-      return "F8_E4M3";
-    case TensorDType::u8:
-      return "U8";
-  }
-  return "?";
-}
-
 // One tensor of a quantized linear, checked for dtype and shape (the shape with a leading [count] when
 // count > 0). `role` says what the tensor is for, in messages.
 class Reader {
@@ -52,7 +36,7 @@ class Reader {
     if (count_ > 0) shape.insert(shape.begin(), count_);
     const WeightView v = ckpt_.weight(name, shape);
     XMOE_CHECK(v.dtype == dtype, "checkpoint ", ckpt_.dir(), ": tensor '", name, "' (", role, " of '",
-               linear_, "') has dtype ", dtype_str(v.dtype), ", expected ", dtype_str(dtype));
+               linear_, "') has dtype ", tensor_dtype_name(v.dtype), ", expected ", tensor_dtype_name(dtype));
     return v;
   }
   // An f32 scalar stored as [] or [1] (per expert: [count] or [count, 1]); every expert's must be equal,
@@ -63,7 +47,7 @@ class Reader {
     const WeightView v = ckpt_.weight(name);
     XMOE_CHECK(v.dtype == TensorDType::f32 && v.numel() == std::max<int64_t>(count_, 1), "checkpoint ",
                ckpt_.dir(), ": tensor '", name, "' (", role, " of '", linear_, "') must be one F32 value",
-               count_ > 0 ? " per expert" : "", ", got ", dtype_str(v.dtype), " with ", v.numel(),
+               count_ > 0 ? " per expert" : "", ", got ", tensor_dtype_name(v.dtype), " with ", v.numel(),
                " elements");
     std::vector<float> values(static_cast<size_t>(v.numel()));
     v.to_f32(0, v.numel(), values.data());
@@ -191,7 +175,7 @@ std::optional<PackedWeight> quantized_view(const Checkpoint& ckpt, const std::st
   if (ckpt.contains(name)) {
     const TensorDType f = ckpt.weight(name).dtype;
     XMOE_CHECK(f != TensorDType::f8_e4m3 && f != TensorDType::u8, "checkpoint ", ckpt.dir(), ": tensor '",
-               name, "' has dtype ", dtype_str(f), " (quantized codes), but ",
+               name, "' has dtype ", tensor_dtype_name(f), " (quantized codes), but ",
                q.scheme == QuantScheme::none ? std::string("config.json has no quantization_config")
                                              : q.source + " describes " + quant_scheme_name(q.scheme));
   }
