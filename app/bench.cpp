@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <vector>
 
 #include "kernels/gemm_probe.hpp"
@@ -184,6 +185,8 @@ int run_bench(const BenchOptions& o) {
   const double flops_per_step = static_cast<double>(o.batch_size * o.num_tokens) *
                                 static_cast<double>(o.model_dim) * static_cast<double>(o.hidden_size) * 4.0 *
                                 (o.eval ? 1.0 : 3.0) * std::min(o.top, std::max(n, 1));
+  std::optional<Adam> adam;
+  if (o.optimizer == "adam") adam.emplace(AdamOptions{.lr = o.lr});
   double dt_max_ = 0;
   std::vector<double> comm_t, step_t, gate_t, route_t, enc_t, exp_t, dec_t, bwd_t, bwd_exp_t, exp_rate,
       bwd_exp_rate;
@@ -195,7 +198,10 @@ int run_bench(const BenchOptions& o) {
     if (!o.eval) {
       layer.backward(dy, o.l_aux_wt);
       if (W > 1) average_shared_gradients(layer, *world);
-      sgd_step(layer, o.lr);
+      if (adam)
+        adam->step(layer);
+      else
+        sgd_step(layer, o.lr);
     }
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (W > 1) world->all_reduce(&dt, &dt_max_, 1, ElementType::f64, ReduceOp::max), dt = dt_max_;

@@ -23,8 +23,9 @@ struct BenchOptions {
   double gate_noise = 0.0;
   double l_aux_wt = 0.0;
   double lr = 1e-4;
-  int threads = 0;  // 0 = OpenMP's default
-  std::string isa;  // empty = best this CPU runs
+  std::string optimizer = "sgd";  // sgd | adam (torch.optim.Adam's defaults but lr)
+  int threads = 0;                // 0 = OpenMP's default
+  std::string isa;                // empty = best this CPU runs
   bool measure_switching = false;
   uint64_t seed = 0;
   // Expert parallelism (under mpirun): E = num_local_experts · ranks, or ranks / |num_local_experts| when

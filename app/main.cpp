@@ -53,7 +53,10 @@ void add_bench_flags(CLI::App& cmd, xmoe::app::BenchOptions& o) {
   cmd.add_option("--gate_noise", o.gate_noise, "gate noise (training)")
       ->check(xmoe::app::non_negative_number());
   cmd.add_option("--l_aux_wt", o.l_aux_wt, "aux loss weight")->capture_default_str();
-  cmd.add_option("--lr", o.lr, "SGD learning rate")->capture_default_str();
+  cmd.add_option("--lr", o.lr, "learning rate")->capture_default_str();
+  cmd.add_option("--optimizer", o.optimizer, "sgd | adam (betas 0.9, 0.999, eps 1e-8, as torch.optim.Adam)")
+      ->check(CLI::IsMember({"sgd", "adam"}))
+      ->capture_default_str();
   cmd.add_option("--threads", o.threads, "OpenMP threads (0 = default)")
       ->check(xmoe::app::non_negative_number());
   cmd.add_option("--isa", o.isa, "kernel level: reference | avx2 | avx512 | avx512_bf16 (default: best)")

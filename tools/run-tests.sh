@@ -13,6 +13,12 @@ ctest --test-dir build --output-on-failure -j"$jobs"
 python3 -m venv build/venv
 build/venv/bin/pip install -q --disable-pip-version-check openai anthropic selenium httpx pytest transformers jinja2
 XMOE_CLI="$PWD/build/xmoe" build/venv/bin/python -m pytest tests/serve -q -p no:cacheprovider
+# The Python package (xmoe.moe, xmoe.LLM) against PyTorch, once: `pip install .` (scikit-build-core and
+# nanobind from PyPI build the extension and the core library it links, nothing else) into a venv that sees
+# Debian's python3-torch and pytest.
+python3 -m venv --system-site-packages build/venv-torch
+CMAKE_BUILD_PARALLEL_LEVEL="$jobs" build/venv-torch/bin/pip install -q --disable-pip-version-check .
+XMOE_CLI="$PWD/build/xmoe" build/venv-torch/bin/python -m pytest python/tests -q -p no:cacheprovider
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXMOE_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

@@ -1,0 +1,186 @@
+"""gradcheck in float64, torch.optim steps against `xmoe bench`, Tutel's state_dict layout and loading rules,
+per-call switches and clear errors."""
+
+import re
+import subprocess
+
+import pytest
+import torch
+
+from conftest import float64_default, oracle, xmoe_cli
+import xmoe
+from xmoe import moe as tutel_moe
+
+
+def small_layer(dtype=torch.float64, gate="top", expert_type="ffn", **kw):
+    gate_type = {"type": gate, "k": 2, "capacity_factor": 1.0}
+    if gate == "cosine_top":
+        gate_type["proj_dim"] = 8
+    experts = {"type": expert_type, "count_per_node": 4, "hidden_size_per_expert": 6}
+    if expert_type == "ffn":
+        experts["activation_fn"] = torch.nn.functional.gelu
+    return tutel_moe.moe_layer(gate_type=gate_type, model_dim=8, experts=experts, seeds=(3, 4, 5), **kw).to(dtype)
+
+
+@pytest.mark.parametrize("gate,expert_type,cf,postscore", [("top", "ffn", 1.0, True), ("cosine_top", "swiglu", 0.0, False),
+                                                       ("top", "ffn", -0.5, False)])
+def test_gradcheck_float64(gate, expert_type, cf, postscore):
+    layer = small_layer(gate=gate, expert_type=expert_type, is_postscore=postscore)
+    names = [n for n, _ in layer.named_parameters()]
+    params = [p.detach().clone().requires_grad_(True) for p in layer.parameters()]
+    x = torch.randn(12, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(7)).requires_grad_(True)
+
+    # torch.func.functional_call (torch 2) or its torch 1.13 predecessor: the layer runs on `ps`.
+    functional_call = torch.func.functional_call if hasattr(torch, "func") else \
+        torch.nn.utils.stateless.functional_call
+
+    def fn(x, *ps):
+        y = functional_call(layer, dict(zip(names, ps)), (x,), {"capacity_factor": cf})
+        return y, y.l_aux.view(1)
+
+    assert torch.autograd.gradcheck(fn, [x] + params, eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def bench_losses(args):
+    out = subprocess.run([xmoe_cli(), "bench"] + args, check=True, capture_output=True, text=True).stdout
+    return [float(v) for v in re.findall(r"STEP-\d+: loss = ([-0-9.e]+)", out)]
+
+
+@pytest.mark.parametrize("optimizer,lr,dtype,extra", [("sgd", 0.05, "float32", []),
+                                                      ("adam", 1e-3, "float32", []),
+                                                      ("sgd", 0.05, "float64", ["--capacity_factor", "0"]),
+                                                      ("sgd", 0.05, "float32", ["--expert_type", "swiglu",
+                                                                               "--l_aux_wt", "0.5"])])
+def test_optimizer_steps_equal_xmoe_bench(optimizer, lr, dtype, extra):
+    B, T, M, H, E, steps, seed = 2, 16, 16, 24, 2, 4, 11
+    args = ["--batch_size", str(B), "--num_tokens", str(T), "--model_dim", str(M), "--hidden_size", str(H),
+            "--num_local_experts", str(E), "--top", "2", "--num_steps", str(steps), "--seed", str(seed),
+            "--lr", str(lr), "--optimizer", optimizer, "--dtype", dtype, "--threads", "1"] + extra
+    expected = bench_losses(args)
+    assert len(expected) == steps
+    opts = dict(zip(extra[::2], extra[1::2]))
+    cf = float(opts.get("--capacity_factor", 1.0))
+    expert_type = opts.get("--expert_type", "ffn")
+    l_aux_wt = float(opts.get("--l_aux_wt", 0.0))
+    dt = {"float32": torch.float32, "float64": torch.float64}[dtype]
+    # xmoe bench's layer: seeds 1/1, top gate; its input: xmoe's counter-based normal draws (seed, rank 0).
+    experts = {"type": expert_type, "count_per_node": E, "hidden_size_per_expert": H}
+    if expert_type == "ffn":
+        experts["activation_fn"] = lambda v: torch.nn.functional.relu(v)
+    layer = tutel_moe.moe_layer(gate_type={"type": "top", "k": 2, "capacity_factor": cf, "fp32_gate": True},
+                                model_dim=M, experts=experts, seeds=(1, 1, 1)).to(dt)
+    x = torch.empty(B, T, M, dtype=dt)
+    xmoe._xmoe.fill_normal(seed, 0, x)
+    opt = torch.optim.SGD(layer.parameters(), lr=lr) if optimizer == "sgd" else \
+        torch.optim.Adam(layer.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        y = layer(x)
+        out = torch.log_softmax(torch.sum(y, dim=2), dim=1)
+        loss = torch.nn.functional.nll_loss(out, torch.zeros(B, dtype=torch.long)) + l_aux_wt * y.l_aux
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    # bench prints %.5f; the head runs in float64 there and in the layer's dtype here.
+    assert max(abs(a - b) for a, b in zip(losses, expected)) <= 3e-5, (losses, expected)
+    assert losses[0] != losses[-1]  # the steps changed the layer
+
+
+def tutel_state_shapes(E, M, H, O, gate="top", P=256, fc1_bias=True, fc2_bias=True):
+    """The state_dict Tutel's moe_layer creates (one process, E local experts)."""
+    shapes = {"gates.0.wg.weight": (E, M)} if gate == "top" else {
+        "gates.0.temperature": (1,), "gates.0.cosine_projector.weight": (P, M), "gates.0.sim_matrix": (P, E)}
+    shapes.update({"experts.batched_fc1_w": (E, H, M), "experts.batched_fc2_w": (E, H, O)})
+    if fc1_bias:
+        shapes["experts.batched_fc1_bias"] = (E, H)
+    if fc2_bias:
+        shapes["experts.batched_fc2_bias"] = (E, O)
+    shapes["_num_global_experts"] = ()
+    return shapes
+
+
+@pytest.mark.parametrize("gate,fc2_bias", [("top", True), ("cosine_top", False)])
+def test_state_dict_has_tutel_names_and_round_trips(gate, fc2_bias):
+    E, M, H, O = 4, 8, 6, 10
+    gate_type = {"type": gate, "k": 2}
+    if gate == "cosine_top":
+        gate_type["proj_dim"] = 16
+    make = lambda: tutel_moe.moe_layer(gate_type=gate_type, model_dim=M,  # noqa: E731
+                                       experts={"type": "ffn", "count_per_node": E, "hidden_size_per_expert": H,
+                                                "output_dim": O, "has_fc2_bias": fc2_bias,
+                                                "activation_fn": torch.relu})
+    layer = make()
+    state = layer.state_dict()
+    assert {k: tuple(v.shape) for k, v in state.items()} == tutel_state_shapes(E, M, H, O, gate, 16,
+                                                                              fc2_bias=fc2_bias)
+    assert int(state["_num_global_experts"]) == E
+    # A Tutel checkpoint (random values under Tutel's names) loads as is and comes back unchanged.
+    g = torch.Generator().manual_seed(0)
+    tutel_state = {k: (torch.randn(v.shape, generator=g) if k != "_num_global_experts" else v.clone())
+                   for k, v in state.items()}
+    other = make()
+    other.load_state_dict(tutel_state)
+    for k, v in other.state_dict().items():
+        assert torch.equal(v, tutel_state[k]), k
+    x = torch.randn(5, M, generator=g)
+    assert not torch.equal(other(x), layer(x))  # the loaded values are the ones used
+    # Tutel's loading rules.
+    bad = dict(tutel_state, _num_global_experts=torch.tensor(E + 1))
+    with pytest.raises(ValueError, match="global experts"):
+        other.load_state_dict(bad)
+    partial = {k: v for k, v in tutel_state.items() if k != "experts.batched_fc1_w"}
+    with pytest.warns(UserWarning, match="filled with zeros"):
+        other.load_state_dict(partial)
+    assert float(other.experts.batched_fc1_w.abs().sum()) == 0
+    flat = dict(tutel_state, **{"experts.batched_fc2_w": tutel_state["experts.batched_fc2_w"].reshape(-1)})
+    other.load_state_dict(flat)
+    assert torch.equal(other.experts.batched_fc2_w, tutel_state["experts.batched_fc2_w"])
+
+
+def test_expert_parameters_are_marked_and_scanned():
+    seen = []
+    layer = tutel_moe.moe_layer(gate_type={"type": "top", "k": 1}, model_dim=8,
+                                experts={"type": "ffn", "count_per_node": 2, "hidden_size_per_expert": 4,
+                                         "activation_fn": torch.relu},
+                                scan_expert_func=lambda name, p: seen.append(name))
+    assert sorted(seen) == sorted(n for n, _ in layer.experts.named_parameters())
+    assert all(getattr(p, "_tutel_expert", False) for p in layer.experts.parameters())
+    assert not any(getattr(p, "_tutel_expert", False) for p in layer.gates.parameters())
+
+
+def test_per_call_switches_and_result_func():
+    layer = small_layer(dtype=torch.float32, result_func=lambda y: (y, y.l_aux))
+    x = torch.randn(2, 6, 8)
+    y, l_aux = layer(x)
+    assert y.shape == (2, 6, 8) and l_aux.dim() == 0
+    # top_k=1 and a dropless capacity factor on one call; the gate's values on the next.
+    y1, _ = layer(x, top_k=1, capacity_factor=0.0)
+    y2, _ = layer(x)
+    assert torch.equal(y2, y) and not torch.equal(y1, y)
+    # Two forwards then two backwards (the layer is called twice in a model).
+    xa = x.clone().requires_grad_(True)
+    xb = (x * 0.5).requires_grad_(True)
+    ya, _ = layer(xa)
+    yb, _ = layer(xb)
+    (ya.sum() + 2 * yb.sum()).backward()
+    ref_a = x.clone().requires_grad_(True)
+    layer(ref_a)[0].sum().backward()
+    assert torch.allclose(xa.grad, ref_a.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_clear_errors():
+    layer = small_layer(dtype=torch.float32)
+    with pytest.raises(NotImplementedError, match="CPU tensors only"):
+        layer(torch.empty(3, 8, device="meta"))
+    with pytest.raises(ValueError, match="model_dim=8"):
+        layer(torch.randn(3, 7))
+    with pytest.raises(TypeError, match="float16"):
+        small_layer(dtype=torch.float16)(torch.randn(3, 8))
+    with pytest.raises(ValueError, match="unrecognized argument"):
+        tutel_moe.moe_layer(gate_type={"type": "top"}, model_dim=8,
+                            experts={"type": "ffn", "hidden_size_per_expert": 4}, no_such_option=1)
+    with pytest.raises(ValueError, match="activation_fn"):
+        tutel_moe.moe_layer(gate_type={"type": "top"}, model_dim=8,
+                            experts={"type": "ffn", "hidden_size_per_expert": 4,
+                                     "activation_fn": torch.tanh})
