@@ -41,9 +41,13 @@ def test_greedy_ids_equal_transformers():
 def test_text_prompt_equals_xmoe_generate(tmp_path):
     model = str(tmp_path / "tiny")
     cli = xmoe_cli()
-    subprocess.run([cli, "init-model", "--config", os.path.join(ROOT, "tests", "data", "checkpoints",
-                                                                 "tiny_config.json"), "--out", model,
-                    "--dtype", "f32", "--seed", "5"], check=True, capture_output=True)
+    with open(os.path.join(ROOT, "tests", "data", "checkpoints", "tiny_config.json")) as f:
+        config = json.load(f)
+    config["attention_bias"] = False
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump(config, f)
+    subprocess.run([cli, "init-model", "--config", str(tmp_path / "config.json"), "--out", model, "--dtype", "f32",
+                    "--seed", "5"], check=True, capture_output=True)
     run = subprocess.run([cli, "generate", "--model", model, "--prompt", "Hello, MoE world", "--max-tokens", "12",
                           "--temperature", "0", "--ignore-eos", "--no-stream", "--print-ids", "--dtype", "f32"],
                          check=True, capture_output=True, text=True)

@@ -291,7 +291,6 @@ class moe_layer(torch.nn.Module):
                 options.update(proj_dim=g.pop("proj_dim", 256), init_t=g.pop("init_t", 0.5))
             else:
                 options.update(proj_dim=256, init_t=0.5)
-            g.pop("fp32_gate", None)
             if g:
                 raise ValueError(f"moe_layer: unrecognized gate options {sorted(g)}")
             self.gates.append(_Gate(gtype, self.model_dim, self.num_global_experts, **options))
