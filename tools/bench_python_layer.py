@@ -2,7 +2,11 @@
 """The Python layer's overhead: `python -m xmoe.examples.helloworld` against `xmoe bench` at the same shape.
 
 Runs the two alternately (--rounds times, so that machine drift hits both alike), takes each run's median
-step time after the warm-up step, and prints the medians over rounds and their ratio (Python / C++).
+step time after the warm-up step, and prints the medians over rounds and their ratio (Python / C++). On a
+loaded machine the two programs' step times drift apart by more than the overhead; so it also runs
+helloworld's step in this process with the C++ layer's forward/backward calls timed, and prints the share of
+the step spent outside them (the Python layer, autograd, the head and torch.optim), which is what Python
+adds over `xmoe bench` (whose step is the same C++ calls plus a C++ head and SGD).
 
   OMP_WAIT_POLICY=passive python3 tools/bench_python_layer.py --xmoe build/xmoe --rounds 3 -- --batch_size 4
 """
@@ -13,6 +17,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 
 
 def step_times(cmd):
@@ -22,6 +27,69 @@ def step_times(cmd):
     if len(times) < 2:
         sys.exit(f"no step times in the output of {' '.join(cmd)}:\n{out}")
     return statistics.median(times[1:]), losses
+
+
+class _TimedLayer:
+    """Forwards to an xmoe._xmoe.Layer, adding up the seconds spent in its forward and backward."""
+
+    def __init__(self, layer, clock):
+        self._layer, self._clock = layer, clock
+
+    def forward(self, *a):
+        t = time.perf_counter()
+        try:
+            return self._layer.forward(*a)
+        finally:
+            self._clock[0] += time.perf_counter() - t
+
+    def backward(self, *a):
+        t = time.perf_counter()
+        try:
+            return self._layer.backward(*a)
+        finally:
+            self._clock[0] += time.perf_counter() - t
+
+    def __getattr__(self, name):
+        return getattr(self._layer, name)
+
+
+def python_share(flags, steps):
+    """helloworld's training step in this process: (median step seconds, median share outside the C++ calls)."""
+    import torch
+    import torch.nn.functional as F
+
+    from xmoe import moe as tutel_moe
+    o = argparse.ArgumentParser()
+    for name, default in (("batch_size", 16), ("num_tokens", 512), ("model_dim", 2048), ("hidden_size", 2048),
+                          ("num_local_experts", 2), ("top", 2)):
+        o.add_argument("--" + name, type=int, default=default)
+    o.add_argument("--capacity_factor", type=float, default=1.0)
+    a, _ = o.parse_known_args(flags)
+    layer = tutel_moe.moe_layer(gate_type={"type": "top", "k": a.top, "capacity_factor": a.capacity_factor},
+                                model_dim=a.model_dim, experts={"type": "ffn", "count_per_node": a.num_local_experts,
+                                                                "hidden_size_per_expert": a.hidden_size,
+                                                                "activation_fn": lambda x: F.relu(x)},
+                                seeds=(1, 1, 1))
+    opt = torch.optim.SGD(layer.parameters(), lr=1e-4)
+    x = torch.randn(a.batch_size, a.num_tokens, a.model_dim)
+    y = torch.zeros(a.batch_size, dtype=torch.long)
+    clock = [0.0]
+    totals, shares = [], []
+    for i in range(steps):
+        for core in layer._cores.values():
+            if not isinstance(core.layer, _TimedLayer):
+                core.layer = _TimedLayer(core.layer, clock)
+        clock[0] = 0.0
+        t = time.perf_counter()
+        opt.zero_grad()
+        loss = F.nll_loss(F.log_softmax(torch.sum(layer(x), dim=2), dim=1), y)
+        loss.backward()
+        opt.step()
+        total = time.perf_counter() - t
+        if i > 0:
+            totals.append(total)
+            shares.append((total - clock[0]) / total)
+    return statistics.median(totals), statistics.median(shares)
 
 
 def main():
@@ -48,6 +116,9 @@ def main():
     print(f"shape: {' '.join(args.flags) or 'helloworld defaults'}; load average {os.getloadavg()[0]:.2f}")
     print(f"median step: xmoe bench {mc:.4f} s, python helloworld {mp:.4f} s; ratio python/C++ "
           f"{mp / mc:.4f} (median of per-round ratios {statistics.median(ratios):.4f})")
+    step, share = python_share(args.flags, args.num_steps)
+    print(f"in process: median step {step:.4f} s, of which {100 * share:.2f} % outside xmoe's C++ forward/backward "
+          f"(Python layer, autograd, head, torch.optim)")
 
 
 if __name__ == "__main__":
