@@ -184,3 +184,19 @@ def test_clear_errors():
         tutel_moe.moe_layer(gate_type={"type": "top"}, model_dim=8,
                             experts={"type": "ffn", "hidden_size_per_expert": 4,
                                      "activation_fn": torch.tanh})
+
+
+def test_gate_list_chooses_the_gate_per_call():
+    layer = tutel_moe.moe_layer(gate_type=[{"type": "top", "k": 1}, {"type": "cosine_top", "k": 2, "proj_dim": 8}],
+                                model_dim=8, experts={"type": "ffn", "count_per_node": 4, "hidden_size_per_expert": 4,
+                                                      "activation_fn": torch.relu}, seeds=(1, 2, 3))
+    keys = set(layer.state_dict())
+    assert {"gates.0.wg.weight", "gates.1.cosine_projector.weight", "gates.1.sim_matrix",
+            "gates.1.temperature"} <= keys
+    x = torch.randn(6, 8)
+    layer(x, gate_index=1).sum().backward()
+    assert layer.gates[0].wg.weight.grad is None
+    assert float(layer.gates[1].cosine_projector.weight.grad.abs().sum()) > 0
+    assert not torch.equal(layer(x, gate_index=0), layer(x, gate_index=1))
+    with pytest.raises(ValueError, match="gate_index"):
+        layer(x, gate_index=2)
