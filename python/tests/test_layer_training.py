@@ -200,3 +200,46 @@ def test_gate_list_chooses_the_gate_per_call():
     assert not torch.equal(layer(x, gate_index=0), layer(x, gate_index=1))
     with pytest.raises(ValueError, match="gate_index"):
         layer(x, gate_index=2)
+
+
+class PythonFFN(torch.nn.Module):
+    """A user's custom expert (Tutel's constructor keywords): Tutel's ffn computation, written in torch."""
+
+    def __init__(self, model_dim, num_experts_per_device, sharded_count, hidden_size):
+        super().__init__()
+        L = num_experts_per_device
+        self.batched_fc1_w = torch.nn.Parameter(torch.randn(L, hidden_size, model_dim) * 0.3)
+        self.batched_fc2_w = torch.nn.Parameter(torch.randn(L, hidden_size, model_dim) * 0.3)
+        self.batched_fc1_bias = torch.nn.Parameter(torch.randn(L, hidden_size) * 0.1)
+        self.batched_fc2_bias = torch.nn.Parameter(torch.randn(L, model_dim) * 0.1)
+
+    def forward(self, x, ctx):
+        h = torch.relu(torch.matmul(x, self.batched_fc1_w.transpose(1, 2)) + self.batched_fc1_bias.unsqueeze(1))
+        return torch.matmul(h, self.batched_fc2_w) + self.batched_fc2_bias.unsqueeze(1)
+
+
+@pytest.mark.parametrize("gate,k,cf,bpr,post", [("top", 2, 1.0, False, True), ("top", 1, 0.0, False, False),
+                                                ("top", 2, -0.5, True, True), ("cosine_top", 2, 0.5, False, False)])
+def test_custom_experts_stay_python_and_equal_the_builtin_ffn(gate, k, cf, bpr, post):
+    E, M, H = 4, 8, 6
+    gate_type = {"type": gate, "k": k, "capacity_factor": cf}
+    if gate == "cosine_top":
+        gate_type["proj_dim"] = 8
+    options = dict(gate_type=gate_type, model_dim=M, batch_prioritized_routing=bpr, is_postscore=post,
+                   seeds=(1, 2, 3))
+    custom = tutel_moe.moe_layer(experts={"type": "custom", "module": PythonFFN, "count_per_node": E,
+                                          "hidden_size": H}, **options).double()
+    builtin = tutel_moe.moe_layer(experts={"type": "ffn", "count_per_node": E, "hidden_size_per_expert": H,
+                                           "activation_fn": torch.relu}, **options).double()
+    builtin.load_state_dict(custom.state_dict())
+    x = torch.randn(3, 7, M, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    ya, yb = custom(xa), builtin(xb)
+    assert torch.allclose(ya, yb, rtol=1e-10, atol=1e-12)
+    assert torch.allclose(ya.l_aux, yb.l_aux, rtol=1e-10, atol=1e-12)
+    (ya.square().sum() + 0.3 * ya.l_aux).backward()
+    (yb.square().sum() + 0.3 * yb.l_aux).backward()
+    assert torch.allclose(xa.grad, xb.grad, rtol=1e-9, atol=1e-11)
+    grads = dict(builtin.named_parameters())
+    for name, p in custom.named_parameters():
+        assert torch.allclose(p.grad, grads[name].grad, rtol=1e-9, atol=1e-11), name

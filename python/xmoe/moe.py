@@ -3,9 +3,11 @@
 ``moe_layer`` takes Tutel's constructor arguments and has Tutel's parameter names and shapes (a Tutel
 ``state_dict`` loads as is). Forward and backward run in xmoe's C++ layer (gate, routing, dispatch, experts,
 combine, aux loss) through one ``torch.autograd.Function``; tensors cross as DLPack views, without copies.
-CPU tensors in float32, bfloat16 and float64.
+CPU tensors in float32, bfloat16 and float64. Custom experts (``experts={'type': 'custom', 'module': cls}``)
+stay Python: the layer then runs its routing in torch ops around the user's module.
 """
 
+import math
 import os
 import warnings
 
@@ -238,26 +240,9 @@ class moe_layer(torch.nn.Module):
                              "custom")
         self.expert_type = expert_type
         if expert_type == "custom":
-            raise NotImplementedError("moe_layer: custom experts are not supported by xmoe's layer yet")
-        hidden = experts.pop("hidden_size_per_expert", experts.pop("hidden_size", None))
-        if hidden is None:
-            raise ValueError("moe_layer: experts.hidden_size_per_expert is required")
-        output_dim = int(experts.pop("output_dim", model_dim) or model_dim)
-        activation = experts.pop("activation_fn", None)
-        if "activation_fn_with_self" in experts:
-            raise ValueError("moe_layer: experts.activation_fn_with_self is not supported (give activation_fn)")
-        self.activation = _activation_name(activation) if expert_type == "ffn" else "silu"
-        if expert_type in ("swiglu", "llama_ffn") and activation is not None and \
-                _activation_name(activation) != "silu":
-            raise ValueError(f"moe_layer: {expert_type} experts use silu")
-        has_fc1_bias = bool(experts.pop("has_fc1_bias", True))
-        has_fc2_bias = bool(experts.pop("has_fc2_bias", True))
-        if experts:
-            raise ValueError(f"moe_layer: unrecognized experts options {sorted(experts)}")
-        if expert_type != "ffn":
-            output_dim = self.model_dim
-        self.output_dim = output_dim
-        self.hidden_size = int(hidden)
+            self._build_custom_experts(experts, seeds)
+        else:
+            self._build_builtin_experts(expert_type, experts)
 
         gates = gate_type if isinstance(gate_type, (list, tuple)) else [gate_type]
         if seeds is not None and seeds[1] is not None:
@@ -266,8 +251,9 @@ class moe_layer(torch.nn.Module):
         # generator (so torch.manual_seed decides the initial values), or take Tutel's `seeds`.
         seed_experts = int(seeds[1]) if seeds is not None and seeds[1] is not None else \
             int(torch.randint(0, 2 ** 62, ()).item())
-        self.experts = _Experts(expert_type, self.model_dim, self.hidden_size, self.num_local_experts,
-                                output_dim, has_fc1_bias, has_fc2_bias)
+        if expert_type != "custom":
+            self.experts = _Experts(expert_type, self.model_dim, self.hidden_size, self.num_local_experts,
+                                    self.output_dim, *self._builtin_expert_options)
         self.gates = torch.nn.ModuleList()
         self._gate_seeds = []
         for i, g in enumerate(gates):
@@ -310,6 +296,43 @@ class moe_layer(torch.nn.Module):
         if seeds is not None and len(seeds) > 2 and seeds[2] is not None:
             torch.manual_seed(seeds[2])
 
+    def _build_builtin_experts(self, expert_type, experts):
+        hidden = experts.pop("hidden_size_per_expert", experts.pop("hidden_size", None))
+        if hidden is None:
+            raise ValueError("moe_layer: experts.hidden_size_per_expert is required")
+        output_dim = int(experts.pop("output_dim", self.model_dim) or self.model_dim)
+        activation = experts.pop("activation_fn", None)
+        if "activation_fn_with_self" in experts:
+            raise ValueError("moe_layer: experts.activation_fn_with_self is not supported (give activation_fn)")
+        self.activation = _activation_name(activation) if expert_type == "ffn" else "silu"
+        if expert_type in ("swiglu", "llama_ffn") and activation is not None and \
+                _activation_name(activation) != "silu":
+            raise ValueError(f"moe_layer: {expert_type} experts use silu")
+        has_fc1_bias = bool(experts.pop("has_fc1_bias", True))
+        has_fc2_bias = bool(experts.pop("has_fc2_bias", True))
+        if experts:
+            raise ValueError(f"moe_layer: unrecognized experts options {sorted(experts)}")
+        if expert_type != "ffn":
+            output_dim = self.model_dim
+        self.output_dim = output_dim
+        self.hidden_size = int(hidden)
+        self._builtin_expert_options = (has_fc1_bias, has_fc2_bias)
+
+    def _build_custom_experts(self, experts, seeds):
+        """Tutel's custom experts: the user's module, built with model_dim, num_experts_per_device (or the
+        legacy local_experts) and sharded_count plus the user's keys, runs in Python on [L, C, M] rows."""
+        module = experts.pop("module", None)
+        if module is None:
+            raise ValueError("moe_layer: experts.type 'custom' needs experts.module")
+        if seeds is not None and seeds[1] is not None:
+            torch.manual_seed(seeds[1])
+        common = dict(model_dim=self.model_dim, sharded_count=self.sharded_count)
+        try:
+            self.experts = module(num_experts_per_device=self.num_local_experts, **common, **experts)
+        except TypeError:
+            self.experts = module(local_experts=self.num_local_experts, **common, **experts)
+        self.activation, self.hidden_size, self.output_dim = "relu", 1, self.model_dim
+
     # ------------------------------------------------------------------------------------------------------
     def _parse_parallel_type(self, parallel_type):
         sc = self.sharded_count
@@ -327,14 +350,15 @@ class moe_layer(torch.nn.Module):
 
     def _config(self, gate_index, dtype):
         gate = self.gates[gate_index]
+        custom = self.expert_type == "custom"  # the C++ layer then only draws the gate's initial values
         return dict(gate_type=gate.gate_type, k=gate.top_k, capacity_factor=gate.capacity_factor,
                     gate_noise=gate.gate_noise, fp32_gate=gate.fp32_gate, proj_dim=gate.proj_dim,
                     init_t=gate.init_t, model_dim=self.model_dim,
-                    expert_type="swiglu" if self.expert_type == "llama_ffn" else self.expert_type,
+                    expert_type={"llama_ffn": "swiglu", "custom": "ffn"}.get(self.expert_type, self.expert_type),
                     num_experts=self.num_global_experts, hidden_size=self.hidden_size,
                     output_dim=self.output_dim if self.expert_type == "ffn" else 0, activation=self.activation,
-                    has_fc1_bias=getattr(self.experts, "batched_fc1_bias", None) is not None,
-                    has_fc2_bias=getattr(self.experts, "batched_fc2_bias", None) is not None,
+                    has_fc1_bias=not custom and getattr(self.experts, "batched_fc1_bias", None) is not None,
+                    has_fc2_bias=not custom and getattr(self.experts, "batched_fc2_bias", None) is not None,
                     dtype=_DTYPES[dtype], is_postscore=self.is_postscore,
                     batch_prioritized_routing=self.batch_prioritized_routing, normalize_gate=self.normalize_gate,
                     is_gshard_loss=self.is_gshard_loss, capacity_alignment=1,
@@ -354,7 +378,7 @@ class moe_layer(torch.nn.Module):
             with torch.no_grad():
                 for name, p in gate.xmoe_params().items():
                     p.copy_(values[name])
-            if i == 0:
+            if i == 0 and self.expert_type != "custom":
                 self.experts.load_xmoe_values(values)
             del core
 
@@ -424,6 +448,8 @@ class moe_layer(torch.nn.Module):
         if adaptive_r is not None:
             self.adaptive_degree = int(adaptive_r)  # sticky, as Tutel's
         gate = self.gates[gate_index]
+        if self.expert_type == "custom":
+            return self._forward_custom(input, gate, top_k, capacity_factor)
         expert_params = self.experts.xmoe_params()
         dtype = next(iter(expert_params.values())).dtype
         if dtype not in _DTYPES:
@@ -452,6 +478,79 @@ class moe_layer(torch.nn.Module):
         if self.result_func is not None:
             return self.result_func(y)
         return y
+
+
+    def _forward_custom(self, input, gate, top_k, capacity_factor):
+        """Custom experts stay Python: the layer's semantics (the C++ layer's gate, routing, capacity, dispatch,
+        combine and losses) in torch ops, autograd for the backward, the user's module on [L, C, M]."""
+        E, M = self.num_global_experts, self.model_dim
+        params = list(self.experts.parameters())
+        dtype = params[0].dtype if params else input.dtype
+        x = input.reshape(-1, M).to(dtype)
+        T = x.shape[0]
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        xa = x.to(acc)
+        if gate.gate_type == "top":
+            logits = xa @ gate.wg.weight.to(acc).t()
+        else:
+            proj = torch.nn.functional.normalize(xa @ gate.cosine_projector.weight.to(acc).t(), dim=1)
+            sim = torch.nn.functional.normalize(gate.sim_matrix.to(acc), dim=0)
+            logits = (proj @ sim) * gate.temperature.to(acc).clamp(max=math.log(100.0)).exp()
+        noisy = logits
+        if self.training and gate.gate_noise > 0:
+            noisy = logits + gate.gate_noise * torch.randn(T, E, dtype=acc) / E
+        scores = torch.softmax(noisy, dim=1)
+        k = min(int(top_k or gate.top_k), E)
+        ids = torch.topk(scores.detach(), k, dim=1).indices.t()  # [k, T]
+        g = [scores.gather(1, ids[j].view(-1, 1)).view(-1) for j in range(k)]
+        if self.normalize_gate and k > 1:
+            denom = torch.stack(g).sum(0).clamp(min=torch.finfo(acc).eps)
+            g = [v / denom for v in g]
+        # Slots: within an expert, every first choice in token order (or by descending max score with
+        # batch-prioritized routing), then every second choice, ...
+        order = torch.sort(-scores.detach().max(dim=1).values, stable=True).indices \
+            if self.batch_prioritized_routing else torch.arange(T)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(T)
+        base = torch.zeros(E, dtype=torch.int64)
+        locations = []
+        for j in range(k):
+            mask = torch.nn.functional.one_hot(ids[j], E)
+            cum = torch.cumsum(mask[order], dim=0)[inverse] - 1 + base
+            locations.append(cum.gather(1, ids[j].view(-1, 1)).view(-1))
+            base = base + mask.sum(0)
+        cf = gate.capacity_factor if capacity_factor is None else float(capacity_factor)
+        spe = -(-T // E)
+        dropless = int(base.max()) if T else 0
+        C = k * int(cf * spe) if cf > 0 else dropless if cf == 0 else min(dropless, k * int(-cf * spe))
+        C = max(C, 1)
+        O = None
+        dispatched = torch.zeros(E * C, M, dtype=dtype)
+        kept = [locations[j] < C for j in range(k)]
+        for j in range(k):
+            rows = (ids[j] * C + locations[j])[kept[j]]
+            src = x[kept[j]] if self.is_postscore else (x[kept[j]].to(acc) * g[j][kept[j]].view(-1, 1)).to(dtype)
+            dispatched = dispatched.index_add(0, rows, src)
+        expert_out = self.experts(dispatched.view(E, C, M), self)
+        O = expert_out.shape[-1]
+        expert_out = expert_out.reshape(E * C, O).to(acc)
+        y = torch.zeros(T, O, dtype=acc)
+        for j in range(k):
+            rows = (ids[j] * C + locations[j])[kept[j]]
+            part = expert_out[rows] * (g[j][kept[j]].view(-1, 1) if self.is_postscore else 1.0)
+            y = y.index_add(0, torch.arange(T)[kept[j]], part)
+        if self.is_gshard_loss:
+            first = torch.nn.functional.one_hot(ids[0], E).sum(0).to(acc)
+            l_aux = E / (T * T) * (scores.sum(0) * first).sum() if T else scores.sum() * 0
+        else:
+            clean = torch.softmax(logits, dim=1)
+            imp = clean.sum(0)
+            thr = noisy.gather(1, ids[k - 1].view(-1, 1))
+            load = (0.5 * (1 + torch.erf((clean - thr) / (gate.gate_noise / E * math.sqrt(2.0))))).sum(0)
+            l_aux = (imp.var() / (imp.mean() ** 2 + 1e-10) + load.var() / (load.mean() ** 2 + 1e-10)) / 2
+        y = y.view(list(input.shape[:-1]) + [O]).to(input.dtype)
+        self.l_aux = y.l_aux = l_aux.to(torch.float64 if dtype == torch.float64 else torch.float32)
+        return y if self.result_func is None else self.result_func(y)
 
 
 # Tutel's other name for the layer.
