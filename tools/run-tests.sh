@@ -17,7 +17,7 @@ XMOE_CLI="$PWD/build/xmoe" build/venv/bin/python -m pytest tests/serve -q -p no:
 # nanobind from PyPI build the extension and the core library it links, nothing else) into a venv that sees
 # Debian's python3-torch and pytest.
 python3 -m venv --system-site-packages build/venv-torch
-CMAKE_BUILD_PARALLEL_LEVEL="$jobs" build/venv-torch/bin/pip install -q --disable-pip-version-check .
+CMAKE_GENERATOR="Unix Makefiles" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" build/venv-torch/bin/pip install -q --disable-pip-version-check .
 XMOE_CLI="$PWD/build/xmoe" build/venv-torch/bin/python -m pytest python/tests -q -p no:cacheprovider
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXMOE_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$jobs"
