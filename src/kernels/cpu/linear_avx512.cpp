@@ -4,8 +4,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
 
 #include "kernels/cpu/variants.hpp"
+#include "xmoe/error.hpp"
 
 namespace xmoe::kernels::avx512 {
 namespace {
@@ -67,7 +70,11 @@ void tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k, float
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
+  // Unrolled like the loops above, so the accumulators stay registers (GCC otherwise keeps the array in
+  // memory and stores every accumulator on every step).
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
 }
 
@@ -92,19 +99,127 @@ void rows_block(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k,
   for (; j < n1; ++j) tile<MR, 1>(x, ldx, w + j * ldw, ldw, k, y + j, ldy);
 }
 
-// Rows [i0, m) (fewer than 4) of one group of NR columns.
-template <int NR, class W>
-void row_tail(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k, int64_t i0, int64_t m,
-              float* y, int64_t ldy) {
-  switch (m - i0) {
-    case 3:
-      return tile<3, NR>(x + i0 * ldx, ldx, w, ldw, k, y + i0 * ldy, ldy);
-    case 2:
-      return tile<2, NR>(x + i0 * ldx, ldx, w, ldw, k, y + i0 * ldy, ldy);
-    case 1:
-      return tile<1, NR>(x + i0 * ldx, ldx, w, ldw, k, y + i0 * ldy, ldy);
-    default:
-      return;
+// Many rows (prefill, batched decode): each weight is decoded once per call, not once per block of rows.
+// kPanelRows weight rows are decoded to f32 into a panel laid out step by step (step s holds the kPanelRows
+// rows' 16 elements p = 16s..16s+15, zero past k), so a tile's weight loads are one contiguous stream; then
+// every block of up to kTileRows x rows runs over the panel in register tiles. Each output is still one
+// 16-lane chain over ascending p and the fixed reduction, so the results are the m < 4 path's bit for bit.
+constexpr int kPanelRows = 4;
+constexpr int kTileRows = 6;  // 6 × 4 accumulators + 4 weights + 1 x: 29 of the 32 registers
+
+// Decodes weight rows [j, j + rows) (rows ≤ kPanelRows; the missing rows are zeros) into `panel`, and asks
+// for the next panel's rows (`next`, `next_rows`) to come into L2 while it reads these.
+template <class W>
+void pack_panel(const W* w, int64_t ldw, int64_t k, int rows, const W* next, int next_rows, float* panel) {
+  const int64_t steps = (k + 15) / 16;
+  for (int j = 0; j < kPanelRows; ++j) {
+    if (j >= rows) {
+      for (int64_t s = 0; s < steps; ++s)
+        _mm512_store_ps(panel + (s * kPanelRows + j) * 16, _mm512_setzero_ps());
+      continue;
+    }
+    const W* row = w + j * ldw;
+    const char* ahead = j < next_rows ? reinterpret_cast<const char*>(next + j * ldw) : nullptr;
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t p = s * 16;
+      const __mmask16 mask = k - p >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - p)) - 1);
+      // One prefetch per 64-byte line read: 16 elements span 64 bytes (f32) or 32 (bf16/f16).
+      if (ahead && (p * int64_t(sizeof(W))) % 64 == 0)
+        _mm_prefetch(ahead + p * int64_t(sizeof(W)), _MM_HINT_T1);
+      _mm512_store_ps(panel + (s * kPanelRows + j) * 16, load_w(row + p, mask));
+    }
+  }
+}
+
+// y[i, j] for MR rows and the panel's NR (≤ kPanelRows) first rows.
+template <int MR, int NR>
+void panel_tile(const float* x, int64_t ldx, const float* panel, int64_t k, float* y, int64_t ldy) {
+  __m512 acc[MR][NR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  const float* pw = panel;
+  for (int64_t p = 0; p < k; p += 16, pw += kPanelRows * 16) {
+    const __mmask16 mask = k - p >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - p)) - 1);
+    __m512 wv[NR];
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_load_ps(pw + j * 16);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + p);
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  }
+  // Unrolled like the loops above, so the accumulators stay registers (GCC otherwise keeps the array in
+  // memory and stores every accumulator on every step).
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
+}
+
+// The m rows in as few tiles of at most kTileRows as possible, of nearly equal heights (8 rows as 4 + 4, not
+// 6 + 2: a short tile reloads the panel for few FMAs).
+template <int NR>
+void panel_rows(const float* x, int64_t ldx, int64_t m, const float* panel, int64_t k, float* y,
+                int64_t ldy) {
+  const int64_t tiles = (m + kTileRows - 1) / kTileRows;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t i0 = m * t / tiles, rows = m * (t + 1) / tiles - i0;
+    const float* xt = x + i0 * ldx;
+    float* yt = y + i0 * ldy;
+    switch (rows) {
+      case 6:
+        panel_tile<6, NR>(xt, ldx, panel, k, yt, ldy);
+        break;
+      case 5:
+        panel_tile<5, NR>(xt, ldx, panel, k, yt, ldy);
+        break;
+      case 4:
+        panel_tile<4, NR>(xt, ldx, panel, k, yt, ldy);
+        break;
+      case 3:
+        panel_tile<3, NR>(xt, ldx, panel, k, yt, ldy);
+        break;
+      case 2:
+        panel_tile<2, NR>(xt, ldx, panel, k, yt, ldy);
+        break;
+      default:
+        panel_tile<1, NR>(xt, ldx, panel, k, yt, ldy);
+        break;
+    }
+  }
+}
+
+template <class W>
+void linear_panels(const float* x, int64_t ldx, int64_t m, const W* w, int64_t ldw, int64_t k, int64_t n0,
+                   int64_t n1, float* y, int64_t ldy) {
+  const int64_t steps = (k + 15) / 16;
+  auto panel = std::unique_ptr<float[], decltype(&std::free)>(
+      static_cast<float*>(
+          std::aligned_alloc(64, static_cast<size_t>(steps * kPanelRows * 16) * sizeof(float))),
+      &std::free);
+  XMOE_CHECK(panel != nullptr, "linear: out of memory for a ", kPanelRows, " x ", k, " weight panel");
+  for (int64_t j = n0; j < n1; j += kPanelRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, n1 - j));
+    const int next_rows = static_cast<int>(std::clamp<int64_t>(n1 - j - kPanelRows, 0, kPanelRows));
+    pack_panel(w + j * ldw, ldw, k, rows, w + (j + kPanelRows) * ldw, next_rows, panel.get());
+    switch (rows) {
+      case 4:
+        panel_rows<4>(x, ldx, m, panel.get(), k, y + j, ldy);
+        break;
+      case 3:
+        panel_rows<3>(x, ldx, m, panel.get(), k, y + j, ldy);
+        break;
+      case 2:
+        panel_rows<2>(x, ldx, m, panel.get(), k, y + j, ldy);
+        break;
+      default:
+        panel_rows<1>(x, ldx, m, panel.get(), k, y + j, ldy);
+        break;
+    }
   }
 }
 
@@ -115,25 +230,11 @@ void linear(const LinearArgs& a) {
   float* y = a.y;
   const W* w = reinterpret_cast<const W*>(a.w->data);
   const int64_t k = a.w->cols, ldw = a.w->row_bytes / int64_t(sizeof(W));
-  if (m < 4) {
-    // Decode: the x rows stay in L1; each weight row streams once.
-    if (m == 3) rows_block<3, 4>(x, ldx, w, ldw, k, n0, n1, y, ldy);
-    if (m == 2) rows_block<2, 8>(x, ldx, w, ldw, k, n0, n1, y, ldy);
-    if (m == 1) rows_block<1, 8>(x, ldx, w, ldw, k, n0, n1, y, ldy);
-    return;
-  }
-  // Many rows: four weight rows stay in L1 while every block of four x rows passes over them (from L2).
-  int64_t j = n0;
-  for (; j + 4 <= n1; j += 4) {
-    int64_t i = 0;
-    for (; i + 4 <= m; i += 4) tile<4, 4>(x + i * ldx, ldx, w + j * ldw, ldw, k, y + i * ldy + j, ldy);
-    row_tail<4>(x, ldx, w + j * ldw, ldw, k, i, m, y + j, ldy);
-  }
-  for (; j < n1; ++j) {
-    int64_t i = 0;
-    for (; i + 4 <= m; i += 4) tile<4, 1>(x + i * ldx, ldx, w + j * ldw, ldw, k, y + i * ldy + j, ldy);
-    row_tail<1>(x, ldx, w + j * ldw, ldw, k, i, m, y + j, ldy);
-  }
+  // Decode: the x rows stay in L1; each weight row streams once through register tiles.
+  if (m == 3) return rows_block<3, 4>(x, ldx, w, ldw, k, n0, n1, y, ldy);
+  if (m == 2) return rows_block<2, 8>(x, ldx, w, ldw, k, n0, n1, y, ldy);
+  if (m == 1) return rows_block<1, 8>(x, ldx, w, ldw, k, n0, n1, y, ldy);
+  linear_panels(x, ldx, m, w, ldw, k, n0, n1, y, ldy);
 }
 
 }  // namespace
