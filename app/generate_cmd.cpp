@@ -79,6 +79,8 @@ CLI::App* add_generate_subcommand(CLI::App& app, GenerateOptions& o) {
       ->check(positive)
       ->capture_default_str();
   cmd->add_flag("--no-stream", o.no_stream, "print the text once generation ends");
+  cmd->add_flag("--warmup", o.warmup,
+                "run the requests once (two tokens each) before the timed run, so the weights are paged in");
   cmd->add_flag("--print-ids", o.print_ids, "also print the generated token ids to stderr");
   cmd->add_flag(
       "--measure-bandwidth", o.measure_bandwidth,
@@ -223,22 +225,37 @@ int run_generate(const GenerateOptions& o) {
   engine_options.max_running = sequences;
   engine_options.eos_token_ids = setup.eos_token_ids;
   if (tokenizer) engine_options.text_stream = llm::tokenizer_text_stream(*tokenizer);
-  llm::Engine engine(*model, engine_options);
-
-  std::vector<llm::RequestId> ids;
-  int64_t prompt_tokens = 0;
-  double flops = 0;  // of all prefills
-  for (int i = 0; i < sequences; ++i) {
+  // Sequence i: prompt i mod the number of prompts, seed + i.
+  const auto make_request = [&](int i) {
     llm::GenerationRequest request;
     request.prompt = prompts[static_cast<size_t>(i) % prompts.size()];
-    prompt_tokens += static_cast<int64_t>(request.prompt.size());
-    flops += prefill_flops(checkpoint.config(), static_cast<int64_t>(request.prompt.size()));
     request.sampling = sampling;
     if (o.seed_opt->count()) request.sampling.seed = o.seed + static_cast<uint64_t>(i);
     request.max_tokens = o.max_tokens;
     request.stop_strings = o.stop;
     request.stop_token_ids = o.stop_ids;
     request.ignore_eos = o.ignore_eos;
+    return request;
+  };
+  if (o.warmup) {
+    // The same requests, two tokens each, through an engine of their own: the weights they touch are paged
+    // in and warm in the caches before the timed run, which then starts from an empty KV cache.
+    llm::Engine warm(*model, engine_options);
+    for (int i = 0; i < sequences; ++i) {
+      llm::GenerationRequest request = make_request(i);
+      request.max_tokens = std::min<int64_t>(request.max_tokens, 2);
+      warm.submit(std::move(request));
+    }
+    warm.run_until_idle();
+  }
+  llm::Engine engine(*model, engine_options);
+  std::vector<llm::RequestId> ids;
+  int64_t prompt_tokens = 0;
+  double flops = 0;  // of all prefills
+  for (int i = 0; i < sequences; ++i) {
+    llm::GenerationRequest request = make_request(i);
+    prompt_tokens += static_cast<int64_t>(request.prompt.size());
+    flops += prefill_flops(checkpoint.config(), static_cast<int64_t>(request.prompt.size()));
     if (sequences == 1 && !o.no_stream) {
       request.on_delta = [&tokenizer](const llm::StreamDelta& d) {
         if (tokenizer) {

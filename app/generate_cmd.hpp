@@ -34,6 +34,7 @@ struct GenerateOptions {
   int64_t kv_cache_mb = 1024;
   int64_t prefill_chunk = 512;
   bool no_stream = false;
+  bool warmup = false;
   bool print_ids = false;
   bool measure_bandwidth = false;
 
