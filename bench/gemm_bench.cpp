@@ -1,10 +1,11 @@
 // GEMM benchmark: each kernel variant this CPU runs, at MoE expert shapes, on 1 and 2 threads, against
 // (a) a register-only FMA loop (the machine's FMA peak), (b) the in-cache GEMM probe of gemm_probe.hpp and
-// (c) oneDNN's matmul of the same shape and layout in the same run. Prints medians.
+// (c) the peers built in, in the same run on the same buffers: oneDNN's matmul (f32 and bf16) and OpenBLAS's
+// cblas_sgemm (f32), each on the same number of threads. Prints medians.
 //
 //   gemm_bench [--threads 1,2] [--reps 5] [--shapes 2048x2048x2048:NT,8192x2048x2048:NN] [--dtypes f32,bf16]
 //
-// Build: g++ -std=c++20 -O2 -fopenmp -Iinclude -Isrc bench/gemm_bench.cpp <xmoe gemm sources> -ldnnl
+// Built by CMake when libdnnl-dev or libopenblas-dev is installed (target gemm_bench).
 #include <immintrin.h>
 #include <omp.h>
 
@@ -13,7 +14,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <oneapi/dnnl/dnnl.hpp>
 #include <random>
 #include <sstream>
 #include <string>
@@ -21,6 +21,13 @@
 
 #include "kernels/cpu/variants.hpp"
 #include "kernels/gemm_probe.hpp"
+#ifdef XMOE_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+#ifdef XMOE_HAVE_OPENBLAS
+#include <cblas.h>
+extern "C" void openblas_set_num_threads(int);  // OpenBLAS's own; not in every cblas.h
+#endif
 
 namespace {
 
@@ -156,6 +163,7 @@ GemmArgs<In, float> make_args(const BenchShape& s, const std::vector<In>& a, con
   return g;
 }
 
+#ifdef XMOE_HAVE_DNNL
 // oneDNN matmul over the same buffers; transposes are expressed as strides, as a caller would.
 template <class In>
 double onednn_seconds(const BenchShape& s, const std::vector<In>& a, const std::vector<In>& b,
@@ -182,6 +190,23 @@ double onednn_seconds(const BenchShape& s, const std::vector<In>& a, const std::
       },
       reps);
 }
+#endif
+
+#ifdef XMOE_HAVE_OPENBLAS
+// OpenBLAS sgemm over the same buffers (row-major, transposes as flags), on `threads` threads.
+double openblas_seconds(const BenchShape& s, const std::vector<float>& a, const std::vector<float>& b,
+                        std::vector<float>& c, int threads, int reps) {
+  openblas_set_num_threads(threads);
+  return median_seconds(
+      [&] {
+        cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans,
+                    static_cast<int>(s.m), static_cast<int>(s.n), static_cast<int>(s.k), 1.0f, a.data(),
+                    static_cast<int>(s.ta ? s.m : s.k), b.data(), static_cast<int>(s.tb ? s.k : s.n), 0.0f,
+                    c.data(), static_cast<int>(s.n));
+      },
+      reps);
+}
+#endif
 
 struct Row {
   std::string name;
@@ -191,21 +216,33 @@ struct Row {
 template <class In>
 void bench_shape(const BenchShape& s,
                  const std::vector<std::pair<std::string, void (*)(const GemmArgs<In, float>&)>>& variants,
-                 double peak, double probe, int reps) {
+                 double peak, double probe, int threads, int reps) {
   const auto a = random_values<In>(s.m * s.k, 1), b = random_values<In>(s.k * s.n, 2);
   std::vector<float> c(static_cast<size_t>(s.m * s.n));
   const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
-  const double dnnl_gf = flops / onednn_seconds(s, a, b, c, reps) / 1e9;
+  std::vector<Row> peers;
+#ifdef XMOE_HAVE_DNNL
+  peers.push_back({"onednn", flops / onednn_seconds(s, a, b, c, reps) / 1e9});
+#endif
+#ifdef XMOE_HAVE_OPENBLAS
+  if constexpr (std::is_same_v<In, float>)
+    peers.push_back({"openblas", flops / openblas_seconds(s, a, b, c, threads, reps) / 1e9});
+#endif
+  (void)threads;
+  double best_peer = 0;
+  for (const Row& p : peers) best_peer = std::max(best_peer, p.gflops);
   std::vector<Row> rows;
   for (const auto& [name, fn] : variants) {
     const GemmArgs<In, float> g = make_args(s, a, b, c);
     rows.push_back({name, flops / median_seconds([&] { fn(g); }, reps) / 1e9});
   }
-  rows.push_back({"onednn", dnnl_gf});
+  rows.insert(rows.end(), peers.begin(), peers.end());
   for (const Row& r : rows) {
-    std::printf("  %-18s %-5s %-12s %8.1f GFLOP/s  %5.1f%% of FMA peak  %5.1f%% of probe  %5.2fx oneDNN\n",
-                s.str().c_str(), std::is_same_v<In, float> ? "f32" : "bf16", r.name.c_str(), r.gflops,
-                100 * r.gflops / peak, 100 * r.gflops / probe, r.gflops / dnnl_gf);
+    std::printf("  %-18s %-5s %-12s %8.1f GFLOP/s  %5.1f%% of FMA peak  %5.1f%% of probe", s.str().c_str(),
+                std::is_same_v<In, float> ? "f32" : "bf16", r.name.c_str(), r.gflops, 100 * r.gflops / peak,
+                100 * r.gflops / probe);
+    if (best_peer > 0) std::printf("  %5.2fx best peer", r.gflops / best_peer);
+    std::printf("\n");
   }
 }
 
@@ -271,8 +308,8 @@ int main(int argc, char** argv) {
         f32_peak, bf16_peak, f32_probe, bf16_probe);
     for (const BenchShape& s : shapes) {
       for (const std::string& d : dtypes) {
-        if (d == "f32") bench_shape<float>(s, f32_variants, f32_peak, f32_probe, reps);
-        if (d == "bf16") bench_shape<bf16>(s, bf16_variants, bf16_peak, bf16_probe, reps);
+        if (d == "f32") bench_shape<float>(s, f32_variants, f32_peak, f32_probe, t, reps);
+        if (d == "bf16") bench_shape<bf16>(s, bf16_variants, bf16_peak, bf16_probe, t, reps);
       }
     }
     std::fflush(stdout);
