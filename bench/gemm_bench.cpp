@@ -21,6 +21,7 @@
 
 #include "kernels/cpu/variants.hpp"
 #include "kernels/gemm_probe.hpp"
+#include "kernels/register_fma_peak.hpp"
 #ifdef XMOE_HAVE_DNNL
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
@@ -76,37 +77,8 @@ double median_seconds(const std::function<void()>& fn, int reps) {
   return t[t.size() / 2];
 }
 
-// Register-only FMA chains: 12 independent accumulators hide the FMA latency; nothing touches memory.
-__attribute__((target("avx512f"))) float fma_loop_avx512(int64_t iters) {
-  __m512 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
-  const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(1e-3f);
-  for (int64_t r = 0; r < iters; ++r) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
-  }
-  __m512 s = acc[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
-  float lanes[16];
-  _mm512_storeu_ps(lanes, s);
-  return lanes[0];
-}
-
-__attribute__((target("avx2,fma"))) float fma_loop_avx2(int64_t iters) {
-  __m256 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i));
-  const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(1e-3f);
-  for (int64_t r = 0; r < iters; ++r) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], x, y);
-  }
-  __m256 s = acc[0];
-  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
-  float lanes[8];
-  _mm256_storeu_ps(lanes, s);
-  return lanes[0];
-}
-
+// Register-only VDPBF16PS chains (the f32 FMA peak is register_fma_peak.hpp's): 12 independent
+// accumulators hide the latency; nothing touches memory.
 __attribute__((target("avx512f,avx512bf16"))) float dpbf16_loop(int64_t iters) {
   __m512 acc[12];
   for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
@@ -298,8 +270,7 @@ int main(int argc, char** argv) {
 
   for (int t : threads) {
     omp_set_num_threads(t);
-    const double f32_peak =
-        f.has_avx512() ? register_peak(fma_loop_avx512, 12 * 32.0) : register_peak(fma_loop_avx2, 12 * 16.0);
+    const double f32_peak = register_fma_peak_gflops(f.has_avx512() ? Isa::avx512 : Isa::avx2, f, t);
     const double bf16_peak = f.has_avx512_bf16() ? register_peak(dpbf16_loop, 12 * 64.0) : f32_peak;
     const double f32_probe = measure_fma_peak_gflops(best, DType::f32);
     const double bf16_probe = measure_fma_peak_gflops(best, DType::bf16);

@@ -13,6 +13,8 @@
 #include "kernels/cpu_features.hpp"
 #include "kernels/kernels.hpp"
 #include "kernels/linear.hpp"
+#include "kernels/register_fma_peak.hpp"
+#include "xmoe/error.hpp"
 
 namespace xmoe::kernels {
 namespace {
@@ -164,6 +166,21 @@ TEST(LinearKernels, MissingKernelIsNamed) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("f32"), std::string::npos) << e.what();
   }
+}
+
+// The FMA peak the benchmarks divide by: vector levels run 8 or 16 lanes per FMA, so even on a loaded machine
+// they beat the scalar loop by far more than 2x; bad thread counts and unsupported levels are errors.
+TEST(RegisterFmaPeak, VectorLevelsOutrunScalarAndBadArgumentsThrow) {
+  const CpuFeatures features = detect_cpu_features();
+  const double scalar = register_fma_peak_gflops(Isa::reference, features, 1, 0.05);
+  EXPECT_GT(scalar, 0.0);
+  for (Isa isa : {Isa::avx2, Isa::avx512}) {
+    if (!isa_supported(features, isa)) continue;
+    EXPECT_GT(register_fma_peak_gflops(isa, features, 1, 0.05), 2 * scalar) << isa_name(isa);
+  }
+  EXPECT_THROW(register_fma_peak_gflops(Isa::reference, features, 0), Error);
+  CpuFeatures none;
+  EXPECT_THROW(register_fma_peak_gflops(Isa::avx2, none, 1), Error);
 }
 
 }  // namespace
