@@ -149,6 +149,13 @@ void panel_tile(const float* x, int64_t ldx, const float* panel, int64_t k, floa
     }
 }
 
+using PanelTileFn = void (*)(const float* x, int64_t ldx, const float* panel, int64_t k, float* y,
+                             int64_t ldy);
+// panel_tile<MR, NR> by MR (1..kTileRows).
+template <int NR>
+constexpr PanelTileFn kPanelTiles[kTileRows + 1] = {nullptr, panel_tile<1, NR>, panel_tile<2, NR>,
+                                                    panel_tile<3, NR>};
+
 // The m rows in tiles of at most kTileRows, of nearly equal heights.
 template <int NR>
 void panel_rows(const float* x, int64_t ldx, int64_t m, const float* panel, int64_t k, float* y,
@@ -156,11 +163,7 @@ void panel_rows(const float* x, int64_t ldx, int64_t m, const float* panel, int6
   const int64_t tiles = (m + kTileRows - 1) / kTileRows;
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t i0 = m * t / tiles, rows = m * (t + 1) / tiles - i0;
-    const float* xt = x + i0 * ldx;
-    float* yt = y + i0 * ldy;
-    if (rows == 3) panel_tile<3, NR>(xt, ldx, panel, k, yt, ldy);
-    if (rows == 2) panel_tile<2, NR>(xt, ldx, panel, k, yt, ldy);
-    if (rows == 1) panel_tile<1, NR>(xt, ldx, panel, k, yt, ldy);
+    kPanelTiles<NR>[rows](x + i0 * ldx, ldx, panel, k, y + i0 * ldy, ldy);
   }
 }
 

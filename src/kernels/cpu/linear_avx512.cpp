@@ -160,42 +160,32 @@ void panel_tile(const float* x, int64_t ldx, const float* panel, int64_t k, floa
     for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
 }
 
-// The m rows in as few tiles of at most kTileRows as possible, of nearly equal heights (8 rows as 4 + 4, not
-// 6 + 2: a short tile reloads the panel for few FMAs).
+using PanelTileFn = void (*)(const float* x, int64_t ldx, const float* panel, int64_t k, float* y,
+                             int64_t ldy);
+// panel_tile<MR, NR> by MR (1..kTileRows).
+template <int NR>
+constexpr PanelTileFn kPanelTiles[kTileRows + 1] = {nullptr,           panel_tile<1, NR>, panel_tile<2, NR>,
+                                                    panel_tile<3, NR>, panel_tile<4, NR>, panel_tile<5, NR>,
+                                                    panel_tile<6, NR>};
+
+// The m rows over the panel's first NR rows, in as few tiles of at most kTileRows as possible, of nearly
+// equal heights (8 rows as 4 + 4, not 6 + 2: a short tile reloads the panel for few FMAs).
 template <int NR>
 void panel_rows(const float* x, int64_t ldx, int64_t m, const float* panel, int64_t k, float* y,
                 int64_t ldy) {
   const int64_t tiles = (m + kTileRows - 1) / kTileRows;
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t i0 = m * t / tiles, rows = m * (t + 1) / tiles - i0;
-    const float* xt = x + i0 * ldx;
-    float* yt = y + i0 * ldy;
-    switch (rows) {
-      case 6:
-        panel_tile<6, NR>(xt, ldx, panel, k, yt, ldy);
-        break;
-      case 5:
-        panel_tile<5, NR>(xt, ldx, panel, k, yt, ldy);
-        break;
-      case 4:
-        panel_tile<4, NR>(xt, ldx, panel, k, yt, ldy);
-        break;
-      case 3:
-        panel_tile<3, NR>(xt, ldx, panel, k, yt, ldy);
-        break;
-      case 2:
-        panel_tile<2, NR>(xt, ldx, panel, k, yt, ldy);
-        break;
-      default:
-        panel_tile<1, NR>(xt, ldx, panel, k, yt, ldy);
-        break;
-    }
+    kPanelTiles<NR>[rows](x + i0 * ldx, ldx, panel, k, y + i0 * ldy, ldy);
   }
 }
 
 template <class W>
 void linear_panels(const float* x, int64_t ldx, int64_t m, const W* w, int64_t ldw, int64_t k, int64_t n0,
                    int64_t n1, float* y, int64_t ldy) {
+  using PanelRowsFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t);
+  constexpr PanelRowsFn kPanelRowsByCount[kPanelRows + 1] = {nullptr, panel_rows<1>, panel_rows<2>,
+                                                             panel_rows<3>, panel_rows<4>};
   const int64_t steps = (k + 15) / 16;
   auto panel = std::unique_ptr<float[], decltype(&std::free)>(
       static_cast<float*>(
@@ -206,20 +196,7 @@ void linear_panels(const float* x, int64_t ldx, int64_t m, const W* w, int64_t l
     const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, n1 - j));
     const int next_rows = static_cast<int>(std::clamp<int64_t>(n1 - j - kPanelRows, 0, kPanelRows));
     pack_panel(w + j * ldw, ldw, k, rows, w + (j + kPanelRows) * ldw, next_rows, panel.get());
-    switch (rows) {
-      case 4:
-        panel_rows<4>(x, ldx, m, panel.get(), k, y + j, ldy);
-        break;
-      case 3:
-        panel_rows<3>(x, ldx, m, panel.get(), k, y + j, ldy);
-        break;
-      case 2:
-        panel_rows<2>(x, ldx, m, panel.get(), k, y + j, ldy);
-        break;
-      default:
-        panel_rows<1>(x, ldx, m, panel.get(), k, y + j, ldy);
-        break;
-    }
+    kPanelRowsByCount[rows](x, ldx, m, panel.get(), k, y + j, ldy);
   }
 }
 
