@@ -76,7 +76,7 @@ TEST(LinearKernels, VariantsMatchReferenceBitForBit) {
     std::mt19937 rng(7);
     std::normal_distribution<float> nd;
     for (WeightFormat format : {WeightFormat::f32, WeightFormat::bf16, WeightFormat::f16})
-      for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17})
+      for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17, 100})
         for (int64_t n : {1, 7, 8, 13, 33})
           for (int64_t k : {1, 15, 16, 17, 64, 100})
             for (int64_t pad : {0, 5}) {
@@ -113,24 +113,28 @@ TEST(LinearKernels, ReferenceIsADotProduct) {
 }
 
 TEST(LinearKernels, RowsDoNotDependOnTheBatchOrThreads) {
+  // 200 rows take the many-rows path in several chunks; each row alone takes the decode path.
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
-  const int64_t k = 300, n = 517;
-  std::vector<float> v(static_cast<size_t>(n * k)), x(static_cast<size_t>(9 * k));
+  const int64_t k = 300, n = 517, m = 200;
+  std::vector<float> v(static_cast<size_t>(n * k)), x(static_cast<size_t>(m * k));
   for (float& e : v) e = nd(rng);
   for (float& e : x) e = nd(rng);
-  const TestWeight tw(WeightFormat::bf16, v, n, k, k);
-  const KernelTable& table = best_kernel_table(detect_cpu_features());
-  std::vector<float> all(static_cast<size_t>(9 * n)), one(static_cast<size_t>(n));
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(2);
-  linear_forward(table, tw.w, x.data(), 9, all.data());
-  omp_set_num_threads(1);
-  for (int64_t i = 0; i < 9; ++i) {
-    linear_forward(table, tw.w, x.data() + i * k, 1, one.data());
-    EXPECT_TRUE(std::equal(one.begin(), one.end(), all.begin() + i * n)) << "row " << i;
+  for (const WeightFormat format : {WeightFormat::f32, WeightFormat::bf16}) {
+    const TestWeight tw(format, v, n, k, k);
+    const KernelTable& table = best_kernel_table(detect_cpu_features());
+    std::vector<float> all(static_cast<size_t>(m * n)), one(static_cast<size_t>(n));
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(2);
+    linear_forward(table, tw.w, x.data(), m, all.data());
+    omp_set_num_threads(1);
+    for (int64_t i = 0; i < m; ++i) {
+      linear_forward(table, tw.w, x.data() + i * k, 1, one.data());
+      EXPECT_TRUE(std::equal(one.begin(), one.end(), all.begin() + i * n))
+          << weight_format_name(format) << " row " << i;
+    }
+    omp_set_num_threads(saved);
   }
-  omp_set_num_threads(saved);
 }
 
 TEST(LinearKernels, JoinRowsJoinsOnlyAdjacentViews) {

@@ -101,11 +101,14 @@ void rows_block(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k,
 
 // Many rows (prefill, batched decode): each weight is decoded once per call, not once per block of rows.
 // kPanelRows weight rows are decoded to f32 into a panel laid out step by step (step s holds the kPanelRows
-// rows' 16 elements p = 16s..16s+15, zero past k), so a tile's weight loads are one contiguous stream; then
-// every block of up to kTileRows x rows runs over the panel in register tiles. Each output is still one
-// 16-lane chain over ascending p and the fixed reduction, so the results are the m < 4 path's bit for bit.
+// rows' 16 elements p = 16s..16s+15, zero past k), and the x rows are copied the same way, tile by tile, so
+// a tile's loads are two contiguous streams (rows ldx apart would share L1 sets when ldx is a multiple of
+// 4 KiB) with no tail masks; every tile of up to kTileRows x rows then runs over the panel in registers.
+// Each output is still one 16-lane chain over ascending p and the fixed reduction, so the results are the
+// m < 4 path's (and the reference's) bit for bit.
 constexpr int kPanelRows = 4;
-constexpr int kTileRows = 6;  // 6 × 4 accumulators + 4 weights + 1 x: 29 of the 32 registers
+constexpr int kTileRows = 6;        // 6 × 4 accumulators + 4 weights + 1 x: 29 of the 32 registers
+constexpr int64_t kChunkRows = 96;  // x rows per pass over the weights: their copy stays in L2
 
 // Decodes weight rows [j, j + rows) (rows ≤ kPanelRows; the missing rows are zeros) into `panel`, and asks
 // for the next panel's rows (`next`, `next_rows`) to come into L2 while it reads these.
@@ -131,23 +134,49 @@ void pack_panel(const W* w, int64_t ldw, int64_t k, int rows, const W* next, int
   }
 }
 
-// y[i, j] for MR rows and the panel's NR (≤ kPanelRows) first rows.
+// How m rows split into tiles of at most kTileRows, of nearly equal heights (8 rows as 4 + 4, not 6 + 2: a
+// short tile reloads the panel for few FMAs): tile t covers rows [tile_start(m, t), tile_start(m, t + 1)).
+inline int64_t tile_count(int64_t m) {
+  return (m + kTileRows - 1) / kTileRows;
+}
+inline int64_t tile_start(int64_t m, int64_t t) {
+  return m * t / tile_count(m);
+}
+
+// Copies x rows [0, m) into tile layout: tile t's rows i0..i1 as [step][row][16] starting at i0 · steps · 16.
+void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
+  const int64_t steps = (k + 15) / 16;
+  for (int64_t t = 0; t < tile_count(m); ++t) {
+    const int64_t i0 = tile_start(m, t), h = tile_start(m, t + 1) - i0;
+    float* tile = out + i0 * steps * 16;
+    for (int64_t i = 0; i < h; ++i) {
+      const float* row = x + (i0 + i) * ldx;
+      for (int64_t s = 0; s < steps; ++s) {
+        const int64_t p = s * 16;
+        const __mmask16 mask = k - p >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - p)) - 1);
+        _mm512_store_ps(tile + (s * h + i) * 16, _mm512_maskz_loadu_ps(mask, row + p));
+      }
+    }
+  }
+}
+
+// y[i, j] for the MR rows of one packed x tile and the panel's first NR (≤ kPanelRows) rows.
 template <int MR, int NR>
-void panel_tile(const float* x, int64_t ldx, const float* panel, int64_t k, float* y, int64_t ldy) {
+void panel_tile(const float* xt, const float* panel, int64_t steps, float* y, int64_t ldy) {
   __m512 acc[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  const float* pw = panel;
-  for (int64_t p = 0; p < k; p += 16, pw += kPanelRows * 16) {
-    const __mmask16 mask = k - p >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - p)) - 1);
+  for (int64_t s = 0; s < steps; ++s) {
+    const float* pw = panel + s * kPanelRows * 16;
+    const float* px = xt + s * MR * 16;
     __m512 wv[NR];
 #pragma GCC unroll 4
     for (int j = 0; j < NR; ++j) wv[j] = _mm512_load_ps(pw + j * 16);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + p);
+      const __m512 xv = _mm512_load_ps(px + i * 16);
 #pragma GCC unroll 4
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
@@ -160,43 +189,48 @@ void panel_tile(const float* x, int64_t ldx, const float* panel, int64_t k, floa
     for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
 }
 
-using PanelTileFn = void (*)(const float* x, int64_t ldx, const float* panel, int64_t k, float* y,
-                             int64_t ldy);
+using PanelTileFn = void (*)(const float* xt, const float* panel, int64_t steps, float* y, int64_t ldy);
 // panel_tile<MR, NR> by MR (1..kTileRows).
 template <int NR>
 constexpr PanelTileFn kPanelTiles[kTileRows + 1] = {nullptr,           panel_tile<1, NR>, panel_tile<2, NR>,
                                                     panel_tile<3, NR>, panel_tile<4, NR>, panel_tile<5, NR>,
                                                     panel_tile<6, NR>};
 
-// The m rows over the panel's first NR rows, in as few tiles of at most kTileRows as possible, of nearly
-// equal heights (8 rows as 4 + 4, not 6 + 2: a short tile reloads the panel for few FMAs).
+// The m packed x rows over the panel's first NR rows, tile by tile.
 template <int NR>
-void panel_rows(const float* x, int64_t ldx, int64_t m, const float* panel, int64_t k, float* y,
-                int64_t ldy) {
-  const int64_t tiles = (m + kTileRows - 1) / kTileRows;
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t i0 = m * t / tiles, rows = m * (t + 1) / tiles - i0;
-    kPanelTiles<NR>[rows](x + i0 * ldx, ldx, panel, k, y + i0 * ldy, ldy);
+void panel_rows(const float* xp, int64_t m, const float* panel, int64_t steps, float* y, int64_t ldy) {
+  for (int64_t t = 0; t < tile_count(m); ++t) {
+    const int64_t i0 = tile_start(m, t);
+    kPanelTiles<NR>[tile_start(m, t + 1) - i0](xp + i0 * steps * 16, panel, steps, y + i0 * ldy, ldy);
   }
+}
+
+using AlignedFloats = std::unique_ptr<float[], decltype(&std::free)>;
+AlignedFloats aligned_floats(int64_t count) {
+  AlignedFloats p(static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(count) * sizeof(float))),
+                  &std::free);
+  XMOE_CHECK(p != nullptr, "linear: out of memory for ", count, " floats of packed operands");
+  return p;
 }
 
 template <class W>
 void linear_panels(const float* x, int64_t ldx, int64_t m, const W* w, int64_t ldw, int64_t k, int64_t n0,
                    int64_t n1, float* y, int64_t ldy) {
-  using PanelRowsFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t);
+  using PanelRowsFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
   constexpr PanelRowsFn kPanelRowsByCount[kPanelRows + 1] = {nullptr, panel_rows<1>, panel_rows<2>,
                                                              panel_rows<3>, panel_rows<4>};
   const int64_t steps = (k + 15) / 16;
-  auto panel = std::unique_ptr<float[], decltype(&std::free)>(
-      static_cast<float*>(
-          std::aligned_alloc(64, static_cast<size_t>(steps * kPanelRows * 16) * sizeof(float))),
-      &std::free);
-  XMOE_CHECK(panel != nullptr, "linear: out of memory for a ", kPanelRows, " x ", k, " weight panel");
-  for (int64_t j = n0; j < n1; j += kPanelRows) {
-    const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, n1 - j));
-    const int next_rows = static_cast<int>(std::clamp<int64_t>(n1 - j - kPanelRows, 0, kPanelRows));
-    pack_panel(w + j * ldw, ldw, k, rows, w + (j + kPanelRows) * ldw, next_rows, panel.get());
-    kPanelRowsByCount[rows](x, ldx, m, panel.get(), k, y + j, ldy);
+  const AlignedFloats panel = aligned_floats(steps * kPanelRows * 16);
+  const AlignedFloats xp = aligned_floats(std::min(m, kChunkRows) * steps * 16);
+  for (int64_t c0 = 0; c0 < m; c0 += kChunkRows) {
+    const int64_t rows = std::min(kChunkRows, m - c0);
+    pack_x(x + c0 * ldx, ldx, rows, k, xp.get());
+    for (int64_t j = n0; j < n1; j += kPanelRows) {
+      const int count = static_cast<int>(std::min<int64_t>(kPanelRows, n1 - j));
+      const int next = static_cast<int>(std::clamp<int64_t>(n1 - j - kPanelRows, 0, kPanelRows));
+      pack_panel(w + j * ldw, ldw, k, count, w + (j + kPanelRows) * ldw, next, panel.get());
+      kPanelRowsByCount[count](xp.get(), rows, panel.get(), steps, y + c0 * ldy + j, ldy);
+    }
   }
 }
 
