@@ -6,7 +6,6 @@
 //   gemm_bench [--threads 1,2] [--reps 5] [--shapes 2048x2048x2048:NT,8192x2048x2048:NN] [--dtypes f32,bf16]
 //
 // Built by CMake when libdnnl-dev or libopenblas-dev is installed (target gemm_bench).
-#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -75,44 +74,6 @@ double median_seconds(const std::function<void()>& fn, int reps) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
-}
-
-// Register-only VDPBF16PS chains (the f32 FMA peak is register_fma_peak.hpp's): 12 independent
-// accumulators hide the latency; nothing touches memory.
-__attribute__((target("avx512f,avx512bf16"))) float dpbf16_loop(int64_t iters) {
-  __m512 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
-  const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80);
-  for (int64_t r = 0; r < iters; ++r) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], x, x);
-  }
-  __m512 s = acc[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
-  float lanes[16];
-  _mm512_storeu_ps(lanes, s);
-  return lanes[0];
-}
-
-// GFLOP/s of `loop` run on every thread at once; flops_per_iter counts one iteration of its 12 chains.
-double register_peak(float (*loop)(int64_t), double flops_per_iter) {
-  const int64_t iters = 20'000'000;
-  double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    float sink = 0;
-    const double t0 = omp_get_wtime();
-    int team = 1;
-#pragma omp parallel reduction(+ : sink)
-    {
-#pragma omp single
-      team = omp_get_num_threads();
-      sink += loop(iters);
-    }
-    const double t = omp_get_wtime() - t0;
-    if (sink == 42.0f) std::printf(" ");  // keeps the loops observable
-    best = std::max(best, team * iters * flops_per_iter / t / 1e9);
-  }
-  return best;
 }
 
 template <class T>
@@ -271,7 +232,7 @@ int main(int argc, char** argv) {
   for (int t : threads) {
     omp_set_num_threads(t);
     const double f32_peak = register_fma_peak_gflops(f.has_avx512() ? Isa::avx512 : Isa::avx2, f, t);
-    const double bf16_peak = f.has_avx512_bf16() ? register_peak(dpbf16_loop, 12 * 64.0) : f32_peak;
+    const double bf16_peak = f.has_avx512_bf16() ? register_bf16_dot_peak_gflops(f, t) : f32_peak;
     const double f32_probe = measure_fma_peak_gflops(best, DType::f32);
     const double bf16_probe = measure_fma_peak_gflops(best, DType::bf16);
     std::printf(

@@ -14,4 +14,8 @@ namespace xmoe::kernels {
 // kernels it is compared with see. Throws xmoe::Error if this CPU cannot run `isa` or threads < 1.
 double register_fma_peak_gflops(Isa isa, const CpuFeatures& features, int threads, double seconds = 0.2);
 
+// The same for VDPBF16PS chains (AVX512-BF16: 2 bf16 products per f32 lane, 4 flops), the ceiling of the bf16
+// GEMM that uses it; about twice the f32 FMA peak. Throws xmoe::Error without AVX512-BF16 or threads < 1.
+double register_bf16_dot_peak_gflops(const CpuFeatures& features, int threads, double seconds = 0.2);
+
 }  // namespace xmoe::kernels

@@ -182,9 +182,13 @@ TEST(RegisterFmaPeak, VectorLevelsOutrunScalarAndBadArgumentsThrow) {
     if (!isa_supported(features, isa)) continue;
     EXPECT_GT(register_fma_peak_gflops(isa, features, 1, 0.05), 2 * scalar) << isa_name(isa);
   }
+  if (features.has_avx512_bf16()) {
+    EXPECT_GT(register_bf16_dot_peak_gflops(features, 1, 0.05), 2 * scalar);
+  }
   EXPECT_THROW(register_fma_peak_gflops(Isa::reference, features, 0), Error);
   CpuFeatures none;
   EXPECT_THROW(register_fma_peak_gflops(Isa::avx2, none, 1), Error);
+  EXPECT_THROW(register_bf16_dot_peak_gflops(none, 1), Error);
 }
 
 }  // namespace
