@@ -5,13 +5,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <optional>
 
 #include "cli_checks.hpp"
+#include "kernels/cpu_features.hpp"
 #include "kernels/read_bandwidth.hpp"
+#include "kernels/register_fma_peak.hpp"
 #include "llm/engine.hpp"
 #include "llm/model_bundle.hpp"
+#include "prefill_flops.hpp"
 #include "process_memory.hpp"
 #include "xmoe/error.hpp"
 #include "xmoe/tokenizer.hpp"
@@ -24,9 +28,16 @@ CLI::App* add_generate_subcommand(CLI::App& app, GenerateOptions& o) {
   const CLI::Validator non_negative = non_negative_number();
   cmd->add_option("--model", o.model, "checkpoint directory (config.json, safetensors, tokenizer.json)")
       ->required();
-  o.prompt_opt = cmd->add_option("--prompt", o.prompt, "prompt text");
-  o.prompt_ids_opt = cmd->add_option("--prompt-ids", o.prompt_ids, "prompt token ids, e.g. 1,2,3");
-  o.prompt_opt->excludes(o.prompt_ids_opt);
+  // Each occurrence is one prompt (one sequence): a prompt's words are not separate values.
+  CLI::Option* prompt = cmd->add_option("--prompt", o.prompts, "prompt text (repeatable: one sequence each)")
+                            ->allow_extra_args(false);
+  CLI::Option* prompt_ids =
+      cmd->add_option("--prompt-ids", o.prompt_ids, "prompt token ids, e.g. 1,2,3 (repeatable)")
+          ->allow_extra_args(false);
+  CLI::Option* prompts_file =
+      cmd->add_option("--prompts-file", o.prompts_file, "text prompts, one per line (one sequence each)")
+          ->check(CLI::ExistingFile);
+  prompt_ids->excludes(prompt)->excludes(prompts_file);
   cmd->add_flag("--chat", o.chat, "apply the checkpoint's chat template to --prompt (as the user message)");
   o.system_opt = cmd->add_option("--system", o.system, "system message (with --chat)");
   cmd->add_flag("--no-think", o.no_think, "chat template with enable_thinking=false");
@@ -47,7 +58,7 @@ CLI::App* add_generate_subcommand(CLI::App& app, GenerateOptions& o) {
   cmd->add_option("--presence-penalty", o.presence_penalty, "OpenAI presence penalty over generated tokens");
   cmd->add_option("--frequency-penalty", o.frequency_penalty,
                   "OpenAI frequency penalty over generated tokens");
-  o.seed_opt = cmd->add_option("--seed", o.seed, "sampling seed (sequence i of --batch uses seed + i)");
+  o.seed_opt = cmd->add_option("--seed", o.seed, "sampling seed (sequence i uses seed + i)");
   cmd->add_option("--stop", o.stop, "stop string (repeatable); not included in the output");
   cmd->add_option("--stop-id", o.stop_ids, "stop token id (repeatable), in addition to the model's eos");
   cmd->add_flag("--ignore-eos", o.ignore_eos, "do not stop at eos (decode exactly --max-tokens)");
@@ -57,9 +68,10 @@ CLI::App* add_generate_subcommand(CLI::App& app, GenerateOptions& o) {
   cmd->add_option("--isa", o.isa, "kernel level cap: reference | avx2 | avx512 | avx512_bf16 (default: best)")
       ->check(CLI::IsMember({"reference", "avx2", "avx512", "avx512_bf16", "amx"}));
   cmd->add_option("--threads", o.threads, "OpenMP threads (0 = default)")->check(non_negative_integer());
-  cmd->add_option("--batch", o.batch, "the same prompt as N concurrent sequences (benchmarks)")
-      ->check(positive)
-      ->capture_default_str();
+  o.batch_opt = cmd->add_option("--batch", o.batch,
+                                "N concurrent sequences, sequence i from prompt i mod the number of prompts "
+                                "(default: one per prompt)")
+                    ->check(positive);
   cmd->add_option("--kv-cache-mb", o.kv_cache_mb, "KV cache budget in MiB")
       ->check(positive)
       ->capture_default_str();
@@ -67,9 +79,13 @@ CLI::App* add_generate_subcommand(CLI::App& app, GenerateOptions& o) {
       ->check(positive)
       ->capture_default_str();
   cmd->add_flag("--no-stream", o.no_stream, "print the text once generation ends");
+  cmd->add_flag("--warmup", o.warmup,
+                "run the requests once (two tokens each) before the timed run, so the weights are paged in");
   cmd->add_flag("--print-ids", o.print_ids, "also print the generated token ids to stderr");
-  cmd->add_flag("--measure-bandwidth", o.measure_bandwidth,
-                "measure the machine's read bandwidth and report decode's share of it");
+  cmd->add_flag(
+      "--measure-bandwidth", o.measure_bandwidth,
+      "measure the machine's read bandwidth and register-only FMA peak and report decode's share of "
+      "the one, prefill's of the other");
   return cmd;
 }
 
@@ -111,12 +127,53 @@ double per_second(double count, double seconds) {
   return seconds > 0 ? count / seconds : 0.0;
 }
 
+// The prompts of --prompts-file: one per line (a trailing \r dropped); a blank line is an error, not an empty
+// prompt.
+std::vector<std::string> read_prompt_lines(const std::string& path) {
+  std::ifstream in(path);
+  XMOE_CHECK(in.good(), "--prompts-file: cannot read ", path);
+  std::vector<std::string> lines;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    XMOE_CHECK(line.find_first_not_of(" \t") != std::string::npos, "--prompts-file ", path, ": line ", number,
+               " is blank (one prompt per line)");
+    lines.push_back(line);
+  }
+  XMOE_CHECK(!lines.empty(), "--prompts-file ", path, ": no prompts");
+  return lines;
+}
+
+// The register-only FMA peak of the kernel level the model runs (--isa caps it), on all OpenMP threads.
+double fma_peak(const std::string& isa_cap) {
+  const kernels::CpuFeatures features = kernels::detect_cpu_features();
+  kernels::Isa isa = kernels::best_isa(features);
+  if (!isa_cap.empty()) isa = std::min(isa, kernels::parse_isa(isa_cap));
+  return kernels::register_fma_peak_gflops(isa, features, omp_get_max_threads());
+}
+
+// /proc/loadavg's first three fields ("?" where it cannot be read): the machine may be shared.
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  if (!(in >> one >> five >> fifteen)) return "?";
+  return one + " " + five + " " + fifteen;
+}
+
 }  // namespace
 
 int run_generate(const GenerateOptions& o) {
-  XMOE_CHECK(o.prompt_opt->count() + o.prompt_ids_opt->count() == 1,
-             "generate: give exactly one of --prompt and --prompt-ids");
-  XMOE_CHECK(!o.chat || o.prompt_opt->count() == 1, "generate: --chat needs --prompt (text)");
+  std::vector<std::string> texts = o.prompts;
+  if (!o.prompts_file.empty()) {
+    std::vector<std::string> lines = read_prompt_lines(o.prompts_file);
+    texts.insert(texts.end(), lines.begin(), lines.end());
+  }
+  const size_t prompt_count = texts.size() + o.prompt_ids.size();
+  XMOE_CHECK(prompt_count > 0, "generate: give a prompt: --prompt, --prompt-ids or --prompts-file");
+  XMOE_CHECK(!o.chat || o.prompt_ids.empty(), "generate: --chat needs --prompt (text)");
+  const int sequences = o.batch_opt->count() ? o.batch : static_cast<int>(prompt_count);
+  XMOE_CHECK(static_cast<size_t>(sequences) >= prompt_count, "generate: --batch ", o.batch,
+             " is fewer sequences than the ", prompt_count, " prompts given");
   XMOE_CHECK(o.chat || (o.system_opt->count() == 0 && !o.no_think),
              "generate: --system and --no-think need --chat");
   if (o.threads > 0) omp_set_num_threads(o.threads);
@@ -124,23 +181,25 @@ int run_generate(const GenerateOptions& o) {
   const auto load_start = std::chrono::steady_clock::now();
   llm::ModelBundle bundle = llm::ModelBundle::open(o.model);
   const std::optional<Tokenizer>& tokenizer = bundle.tokenizer;
-  if (o.prompt_opt->count()) bundle.require_tokenizer("--prompt (give --prompt-ids instead)");
+  if (!texts.empty()) bundle.require_tokenizer("--prompt (give --prompt-ids instead)");
   if (!o.stop.empty()) bundle.require_tokenizer("--stop");
   const llm::ChatSetup& setup = bundle.chat;
   const llm::Checkpoint& checkpoint = bundle.checkpoint;
 
-  std::vector<int32_t> prompt;
-  if (o.chat) {
-    llm::ChatPromptOptions chat;
-    if (o.system_opt->count()) chat.system = o.system;
-    chat.user = o.prompt;
-    if (o.no_think) chat.enable_thinking = false;
-    prompt = tokenizer->encode(llm::render_chat_prompt(setup, chat), /*add_special_tokens=*/false);
-  } else if (o.prompt_opt->count()) {
-    prompt = tokenizer->encode(o.prompt, /*add_special_tokens=*/true);
-  } else {
-    prompt = parse_ids(o.prompt_ids);
+  std::vector<std::vector<int32_t>> prompts;
+  for (const std::string& text : texts) {
+    if (o.chat) {
+      llm::ChatPromptOptions chat;
+      if (o.system_opt->count()) chat.system = o.system;
+      chat.user = text;
+      if (o.no_think) chat.enable_thinking = false;
+      prompts.push_back(
+          tokenizer->encode(llm::render_chat_prompt(setup, chat), /*add_special_tokens=*/false));
+    } else {
+      prompts.push_back(tokenizer->encode(text, /*add_special_tokens=*/true));
+    }
   }
+  for (const std::string& ids : o.prompt_ids) prompts.push_back(parse_ids(ids));
 
   llm::SamplingParams sampling;
   llm::apply_generation_defaults(setup, sampling);
@@ -162,23 +221,42 @@ int run_generate(const GenerateOptions& o) {
 
   llm::EngineOptions engine_options;
   engine_options.kv_cache_bytes = static_cast<size_t>(o.kv_cache_mb) << 20;
-  engine_options.max_step_tokens = std::max<int64_t>(o.prefill_chunk, o.batch);
-  engine_options.max_running = o.batch;
+  engine_options.max_step_tokens = std::max<int64_t>(o.prefill_chunk, sequences);
+  engine_options.max_running = sequences;
   engine_options.eos_token_ids = setup.eos_token_ids;
   if (tokenizer) engine_options.text_stream = llm::tokenizer_text_stream(*tokenizer);
-  llm::Engine engine(*model, engine_options);
-
-  std::vector<llm::RequestId> ids;
-  for (int i = 0; i < o.batch; ++i) {
+  // Sequence i: prompt i mod the number of prompts, seed + i.
+  const auto make_request = [&](int i) {
     llm::GenerationRequest request;
-    request.prompt = prompt;
+    request.prompt = prompts[static_cast<size_t>(i) % prompts.size()];
     request.sampling = sampling;
     if (o.seed_opt->count()) request.sampling.seed = o.seed + static_cast<uint64_t>(i);
     request.max_tokens = o.max_tokens;
     request.stop_strings = o.stop;
     request.stop_token_ids = o.stop_ids;
     request.ignore_eos = o.ignore_eos;
-    if (i == 0 && !o.no_stream) {
+    return request;
+  };
+  if (o.warmup) {
+    // The same requests, two tokens each, through an engine of their own: the weights they touch are paged
+    // in and warm in the caches before the timed run, which then starts from an empty KV cache.
+    llm::Engine warm(*model, engine_options);
+    for (int i = 0; i < sequences; ++i) {
+      llm::GenerationRequest request = make_request(i);
+      request.max_tokens = std::min<int64_t>(request.max_tokens, 2);
+      warm.submit(std::move(request));
+    }
+    warm.run_until_idle();
+  }
+  llm::Engine engine(*model, engine_options);
+  std::vector<llm::RequestId> ids;
+  int64_t prompt_tokens = 0;
+  double flops = 0;  // of all prefills
+  for (int i = 0; i < sequences; ++i) {
+    llm::GenerationRequest request = make_request(i);
+    prompt_tokens += static_cast<int64_t>(request.prompt.size());
+    flops += prefill_flops(checkpoint.config(), static_cast<int64_t>(request.prompt.size()));
+    if (sequences == 1 && !o.no_stream) {
       request.on_delta = [&tokenizer](const llm::StreamDelta& d) {
         if (tokenizer) {
           std::fwrite(d.text.data(), 1, d.text.size(), stdout);
@@ -193,6 +271,7 @@ int run_generate(const GenerateOptions& o) {
   // The machine is shared and its bandwidth drifts: the probe runs right before and right after the run, and
   // the higher of the two is the baseline (the conservative share).
   const double probe_before = o.measure_bandwidth ? kernels::measure_read_bandwidth_gbs() : 0.0;
+  const double fma_peak_before = o.measure_bandwidth ? fma_peak(o.isa) : 0.0;
   const auto start = std::chrono::steady_clock::now();
   engine.run_until_idle();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -200,37 +279,69 @@ int run_generate(const GenerateOptions& o) {
   std::vector<llm::GenerationResult> results;
   for (llm::RequestId id : ids) results.push_back(engine.take_result(id));
   const llm::GenerationResult& first = results.front();
-  if (o.no_stream) {
+  const auto print_output = [&tokenizer](const llm::GenerationResult& r) {
     if (tokenizer) {
-      std::fwrite(first.text.data(), 1, first.text.size(), stdout);
+      std::fwrite(r.text.data(), 1, r.text.size(), stdout);
     } else {
-      for (int32_t t : first.token_ids) std::printf("%d ", t);
+      for (int32_t t : r.token_ids) std::printf("%d ", t);
+    }
+  };
+  if (sequences == 1) {
+    if (o.no_stream) print_output(first);
+    std::printf("\n");
+  } else {
+    for (size_t i = 0; i < results.size(); ++i) {
+      const llm::GenerationResult& r = results[i];
+      std::printf("--- sequence %zu (prompt %zu, %zu tokens, finish %s) ---\n", i, i % prompts.size(),
+                  r.token_ids.size(), llm::finish_reason_name(r.finish));
+      print_output(r);
+      std::printf("\n");
     }
   }
-  std::printf("\n");
   std::fflush(stdout);
 
   const llm::EngineStats& st = engine.stats();
   int64_t generated = 0;
   for (const auto& r : results) generated += static_cast<int64_t>(r.token_ids.size());
-  std::fprintf(stderr, "model: %s (%s, %s, %d threads); prompt %zu tokens x %d sequences\n", o.model.c_str(),
+  std::fprintf(stderr, "model: %s (%s, %s, %d threads); ", o.model.c_str(),
                bundle.checkpoint.config().architecture.c_str(), dtype_name(model->dtype()),
-               omp_get_max_threads(), prompt.size(), o.batch);
+               omp_get_max_threads());
+  if (prompts.size() == 1) {
+    std::fprintf(stderr, "prompt %zu tokens x %d sequences\n", prompts[0].size(), sequences);
+  } else {
+    std::fprintf(stderr, "%zu prompts, %lld tokens in all, %d sequences\n", prompts.size(),
+                 static_cast<long long>(prompt_tokens), sequences);
+  }
   std::fprintf(stderr, "finish: %s after %zu tokens%s%s; %lld tokens generated in all in %.3f s\n",
                llm::finish_reason_name(first.finish), first.token_ids.size(),
                first.stop_string.empty() ? "" : " at stop string ", first.stop_string.c_str(),
                static_cast<long long>(generated), wall);
-  if (o.print_ids) std::fprintf(stderr, "generated ids: %s\n", join_ids(first.token_ids).c_str());
+  if (o.print_ids) {
+    if (sequences == 1) std::fprintf(stderr, "generated ids: %s\n", join_ids(first.token_ids).c_str());
+    for (size_t i = 0; sequences > 1 && i < results.size(); ++i)
+      std::fprintf(stderr, "sequence %zu generated ids: %s\n", i, join_ids(results[i].token_ids).c_str());
+  }
   std::fprintf(stderr, "prefill: %lld tokens in %.3f s = %.2f tokens/s\n",
                static_cast<long long>(st.prefill_tokens), st.prefill_seconds,
                per_second(static_cast<double>(st.prefill_tokens), st.prefill_seconds));
+  if (o.measure_bandwidth) {
+    // The peak is probed before and after the run; the higher is the baseline (the conservative share).
+    const double peak = std::max(fma_peak_before, fma_peak(o.isa));
+    const double gflops = per_second(flops, st.prefill_seconds) / 1e9;
+    std::fprintf(
+        stderr,
+        "prefill compute: %.1f GFLOP in all, %.1f GFLOP/s = %.1f %% of the register-only FMA peak %.1f "
+        "GFLOP/s (%d threads)%s\n",
+        flops / 1e9, gflops, 100.0 * gflops / peak, peak, omp_get_max_threads(),
+        st.preemptions > 0 ? " (preemptions recomputed tokens: not counted)" : "");
+  }
   const double decode_rate = per_second(static_cast<double>(st.decode_tokens), st.decode_seconds);
-  if (o.batch > 1) {
+  if (sequences > 1) {
     std::fprintf(stderr,
                  "decode: %lld tokens in %lld steps, %.3f s = %.2f tokens/s aggregate (%.2f tokens/s per "
                  "sequence)\n",
                  static_cast<long long>(st.decode_tokens), static_cast<long long>(st.decode_steps),
-                 st.decode_seconds, decode_rate, decode_rate / o.batch);
+                 st.decode_seconds, decode_rate, decode_rate / sequences);
   } else {
     std::fprintf(stderr, "decode: %lld tokens in %.3f s = %.2f tokens/s\n",
                  static_cast<long long>(st.decode_tokens), st.decode_seconds, decode_rate);
@@ -244,7 +355,7 @@ int run_generate(const GenerateOptions& o) {
       st.decode_steps > 0 ? static_cast<double>(st.decode_weight_bytes) / static_cast<double>(st.decode_steps)
                           : 0.0;
   const double gbs = per_second(static_cast<double>(st.decode_weight_bytes), st.decode_seconds) / 1e9;
-  if (o.batch > 1) {
+  if (sequences > 1) {
     std::fprintf(
         stderr,
         "weights read per decode step: %.2f MB (%.2f MB at batch 1); decode weight bandwidth: %.2f GB/s",
@@ -259,9 +370,17 @@ int run_generate(const GenerateOptions& o) {
     std::fprintf(stderr,
                  " = %.1f %% of the measured read bandwidth %.2f GB/s (probed %.2f before, %.2f after)",
                  100.0 * gbs / peak, peak, probe_before, probe_after);
+    // The roofline: every step bound by reading its bytes at the probed bandwidth.
+    if (step_bytes > 0)
+      std::fprintf(stderr,
+                   "\ndecode roofline: %.2f tokens/s aggregate (%d sequences x %.2f steps/s at %.2f MB "
+                   "per step); achieved %.1f %% of it",
+                   sequences * peak * 1e9 / step_bytes, sequences, peak * 1e9 / step_bytes, step_bytes / 1e6,
+                   100.0 * decode_rate / (sequences * peak * 1e9 / step_bytes));
   }
   std::fprintf(stderr, "\n");
   if (o.measure_bandwidth) {
+    std::fprintf(stderr, "load average (1, 5, 15 min): %s\n", load_average().c_str());
     // Weights mapped in place become resident as file pages (the page cache) when first read; anonymous
     // pages are what the process copied or allocated itself.
     const ResidentMemory after_run = resident_memory();

@@ -1,6 +1,8 @@
-// `xmoe generate`: loads a Hugging Face checkpoint, generates from one prompt (or the same prompt as N
-// concurrent sequences for benchmarks), streams the text to stdout and reports prefill / decode tokens/s and
-// the weight bandwidth of decoding on stderr.
+// `xmoe generate`: loads a Hugging Face checkpoint, generates from one prompt or several (each its own
+// sequence, all decoded together; or one prompt as N concurrent sequences for benchmarks), streams the text
+// of a single sequence or prints each sequence's text at the end, and reports prefill / decode tokens/s and
+// the weight bandwidth of decoding on stderr (with --measure-bandwidth: against the machine's measured read
+// bandwidth and register-only FMA peak).
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdint>
@@ -11,8 +13,9 @@ namespace xmoe::app {
 
 struct GenerateOptions {
   std::string model;
-  std::string prompt;
-  std::string prompt_ids;  // "1,2,3"
+  std::vector<std::string> prompts;     // --prompt, repeatable
+  std::vector<std::string> prompt_ids;  // --prompt-ids "1,2,3", repeatable
+  std::string prompts_file;             // one text prompt per line
   bool chat = false;
   std::string system;
   bool no_think = false;
@@ -31,13 +34,13 @@ struct GenerateOptions {
   int64_t kv_cache_mb = 1024;
   int64_t prefill_chunk = 512;
   bool no_stream = false;
+  bool warmup = false;
   bool print_ids = false;
   bool measure_bandwidth = false;
 
   // Which sampling flags were given (the others come from generation_config.json).
   CLI::Option *temperature_opt = nullptr, *top_p_opt = nullptr, *min_p_opt = nullptr, *top_k_opt = nullptr,
-              *repetition_opt = nullptr, *seed_opt = nullptr, *prompt_opt = nullptr,
-              *prompt_ids_opt = nullptr, *system_opt = nullptr;
+              *repetition_opt = nullptr, *seed_opt = nullptr, *system_opt = nullptr, *batch_opt = nullptr;
 };
 
 CLI::App* add_generate_subcommand(CLI::App& app, GenerateOptions& o);

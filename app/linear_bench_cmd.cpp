@@ -14,6 +14,7 @@
 #include "kernels/linear.hpp"
 #include "kernels/quant/quantize.hpp"
 #include "kernels/read_bandwidth.hpp"
+#include "linear_rows_bench.hpp"
 #include "stats.hpp"
 #include "xmoe/dtype.hpp"
 #include "xmoe/error.hpp"
@@ -95,6 +96,11 @@ CLI::App* add_linear_bench_subcommand(CLI::App& app, LinearBenchOptions& o) {
       ->capture_default_str();
   cmd->add_option("--isa", o.isa, "kernel level: reference | avx2 | avx512 | avx512_bf16 (default: best)")
       ->check(CLI::IsMember({"reference", "avx2", "avx512", "avx512_bf16", "amx"}));
+  cmd->add_option("--rows", o.rows,
+                  "instead: f32/bf16 kernels at these row counts m (e.g. 1,8,16,32,64) against the FMA peak "
+                  "and the read bandwidth")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   return cmd;
 }
 
@@ -106,6 +112,10 @@ int run_linear_bench(const LinearBenchOptions& o) {
                                           : kernels::kernel_table(kernels::parse_isa(o.isa), features);
   std::printf("cpu: %s, kernel level %s, %d threads\n", features.str().c_str(), kernels::isa_name(table.isa),
               o.threads);
+  if (!o.rows.empty()) {
+    run_linear_rows_bench(table, features, o.threads, o.reps, o.rows);
+    return 0;
+  }
   const double probe_before = kernels::measure_read_bandwidth_gbs();
   std::printf("read-bandwidth probe: %.2f GB/s\n", probe_before);
 

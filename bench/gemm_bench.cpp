@@ -1,11 +1,11 @@
 // GEMM benchmark: each kernel variant this CPU runs, at MoE expert shapes, on 1 and 2 threads, against
 // (a) a register-only FMA loop (the machine's FMA peak), (b) the in-cache GEMM probe of gemm_probe.hpp and
-// (c) oneDNN's matmul of the same shape and layout in the same run. Prints medians.
+// (c) the peers built in, in the same run on the same buffers: oneDNN's matmul (f32 and bf16) and OpenBLAS's
+// cblas_sgemm (f32), each on the same number of threads. Prints medians.
 //
 //   gemm_bench [--threads 1,2] [--reps 5] [--shapes 2048x2048x2048:NT,8192x2048x2048:NN] [--dtypes f32,bf16]
 //
-// Build: g++ -std=c++20 -O2 -fopenmp -Iinclude -Isrc bench/gemm_bench.cpp <xmoe gemm sources> -ldnnl
-#include <immintrin.h>
+// Built by CMake when libdnnl-dev or libopenblas-dev is installed (target gemm_bench).
 #include <omp.h>
 
 #include <algorithm>
@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <oneapi/dnnl/dnnl.hpp>
 #include <random>
 #include <sstream>
 #include <string>
@@ -21,6 +20,14 @@
 
 #include "kernels/cpu/variants.hpp"
 #include "kernels/gemm_probe.hpp"
+#include "kernels/register_fma_peak.hpp"
+#ifdef XMOE_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+#ifdef XMOE_HAVE_OPENBLAS
+#include <cblas.h>
+extern "C" void openblas_set_num_threads(int);  // OpenBLAS's own; not in every cblas.h
+#endif
 
 namespace {
 
@@ -69,73 +76,6 @@ double median_seconds(const std::function<void()>& fn, int reps) {
   return t[t.size() / 2];
 }
 
-// Register-only FMA chains: 12 independent accumulators hide the FMA latency; nothing touches memory.
-__attribute__((target("avx512f"))) float fma_loop_avx512(int64_t iters) {
-  __m512 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
-  const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(1e-3f);
-  for (int64_t r = 0; r < iters; ++r) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
-  }
-  __m512 s = acc[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
-  float lanes[16];
-  _mm512_storeu_ps(lanes, s);
-  return lanes[0];
-}
-
-__attribute__((target("avx2,fma"))) float fma_loop_avx2(int64_t iters) {
-  __m256 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i));
-  const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(1e-3f);
-  for (int64_t r = 0; r < iters; ++r) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = _mm256_fmadd_ps(acc[i], x, y);
-  }
-  __m256 s = acc[0];
-  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, acc[i]);
-  float lanes[8];
-  _mm256_storeu_ps(lanes, s);
-  return lanes[0];
-}
-
-__attribute__((target("avx512f,avx512bf16"))) float dpbf16_loop(int64_t iters) {
-  __m512 acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
-  const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80);
-  for (int64_t r = 0; r < iters; ++r) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], x, x);
-  }
-  __m512 s = acc[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
-  float lanes[16];
-  _mm512_storeu_ps(lanes, s);
-  return lanes[0];
-}
-
-// GFLOP/s of `loop` run on every thread at once; flops_per_iter counts one iteration of its 12 chains.
-double register_peak(float (*loop)(int64_t), double flops_per_iter) {
-  const int64_t iters = 20'000'000;
-  double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    float sink = 0;
-    const double t0 = omp_get_wtime();
-    int team = 1;
-#pragma omp parallel reduction(+ : sink)
-    {
-#pragma omp single
-      team = omp_get_num_threads();
-      sink += loop(iters);
-    }
-    const double t = omp_get_wtime() - t0;
-    if (sink == 42.0f) std::printf(" ");  // keeps the loops observable
-    best = std::max(best, team * iters * flops_per_iter / t / 1e9);
-  }
-  return best;
-}
-
 template <class T>
 std::vector<T> random_values(int64_t count, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -156,6 +96,7 @@ GemmArgs<In, float> make_args(const BenchShape& s, const std::vector<In>& a, con
   return g;
 }
 
+#ifdef XMOE_HAVE_DNNL
 // oneDNN matmul over the same buffers; transposes are expressed as strides, as a caller would.
 template <class In>
 double onednn_seconds(const BenchShape& s, const std::vector<In>& a, const std::vector<In>& b,
@@ -182,6 +123,23 @@ double onednn_seconds(const BenchShape& s, const std::vector<In>& a, const std::
       },
       reps);
 }
+#endif
+
+#ifdef XMOE_HAVE_OPENBLAS
+// OpenBLAS sgemm over the same buffers (row-major, transposes as flags), on `threads` threads.
+double openblas_seconds(const BenchShape& s, const std::vector<float>& a, const std::vector<float>& b,
+                        std::vector<float>& c, int threads, int reps) {
+  openblas_set_num_threads(threads);
+  return median_seconds(
+      [&] {
+        cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans,
+                    static_cast<int>(s.m), static_cast<int>(s.n), static_cast<int>(s.k), 1.0f, a.data(),
+                    static_cast<int>(s.ta ? s.m : s.k), b.data(), static_cast<int>(s.tb ? s.k : s.n), 0.0f,
+                    c.data(), static_cast<int>(s.n));
+      },
+      reps);
+}
+#endif
 
 struct Row {
   std::string name;
@@ -191,21 +149,33 @@ struct Row {
 template <class In>
 void bench_shape(const BenchShape& s,
                  const std::vector<std::pair<std::string, void (*)(const GemmArgs<In, float>&)>>& variants,
-                 double peak, double probe, int reps) {
+                 double peak, double probe, int threads, int reps) {
   const auto a = random_values<In>(s.m * s.k, 1), b = random_values<In>(s.k * s.n, 2);
   std::vector<float> c(static_cast<size_t>(s.m * s.n));
   const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
-  const double dnnl_gf = flops / onednn_seconds(s, a, b, c, reps) / 1e9;
+  std::vector<Row> peers;
+#ifdef XMOE_HAVE_DNNL
+  peers.push_back({"onednn", flops / onednn_seconds(s, a, b, c, reps) / 1e9});
+#endif
+#ifdef XMOE_HAVE_OPENBLAS
+  if constexpr (std::is_same_v<In, float>)
+    peers.push_back({"openblas", flops / openblas_seconds(s, a, b, c, threads, reps) / 1e9});
+#endif
+  (void)threads;
+  double best_peer = 0;
+  for (const Row& p : peers) best_peer = std::max(best_peer, p.gflops);
   std::vector<Row> rows;
   for (const auto& [name, fn] : variants) {
     const GemmArgs<In, float> g = make_args(s, a, b, c);
     rows.push_back({name, flops / median_seconds([&] { fn(g); }, reps) / 1e9});
   }
-  rows.push_back({"onednn", dnnl_gf});
+  rows.insert(rows.end(), peers.begin(), peers.end());
   for (const Row& r : rows) {
-    std::printf("  %-18s %-5s %-12s %8.1f GFLOP/s  %5.1f%% of FMA peak  %5.1f%% of probe  %5.2fx oneDNN\n",
-                s.str().c_str(), std::is_same_v<In, float> ? "f32" : "bf16", r.name.c_str(), r.gflops,
-                100 * r.gflops / peak, 100 * r.gflops / probe, r.gflops / dnnl_gf);
+    std::printf("  %-18s %-5s %-12s %8.1f GFLOP/s  %5.1f%% of FMA peak  %5.1f%% of probe", s.str().c_str(),
+                std::is_same_v<In, float> ? "f32" : "bf16", r.name.c_str(), r.gflops, 100 * r.gflops / peak,
+                100 * r.gflops / probe);
+    if (best_peer > 0) std::printf("  %5.2fx best peer", r.gflops / best_peer);
+    std::printf("\n");
   }
 }
 
@@ -261,9 +231,8 @@ int main(int argc, char** argv) {
 
   for (int t : threads) {
     omp_set_num_threads(t);
-    const double f32_peak =
-        f.has_avx512() ? register_peak(fma_loop_avx512, 12 * 32.0) : register_peak(fma_loop_avx2, 12 * 16.0);
-    const double bf16_peak = f.has_avx512_bf16() ? register_peak(dpbf16_loop, 12 * 64.0) : f32_peak;
+    const double f32_peak = register_fma_peak_gflops(f.has_avx512() ? Isa::avx512 : Isa::avx2, f, t);
+    const double bf16_peak = f.has_avx512_bf16() ? register_bf16_dot_peak_gflops(f, t) : f32_peak;
     const double f32_probe = measure_fma_peak_gflops(best, DType::f32);
     const double bf16_probe = measure_fma_peak_gflops(best, DType::bf16);
     std::printf(
@@ -271,8 +240,8 @@ int main(int argc, char** argv) {
         f32_peak, bf16_peak, f32_probe, bf16_probe);
     for (const BenchShape& s : shapes) {
       for (const std::string& d : dtypes) {
-        if (d == "f32") bench_shape<float>(s, f32_variants, f32_peak, f32_probe, reps);
-        if (d == "bf16") bench_shape<bf16>(s, bf16_variants, bf16_peak, bf16_probe, reps);
+        if (d == "f32") bench_shape<float>(s, f32_variants, f32_peak, f32_probe, t, reps);
+        if (d == "bf16") bench_shape<bf16>(s, bf16_variants, bf16_peak, bf16_probe, t, reps);
       }
     }
     std::fflush(stdout);

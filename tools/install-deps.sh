@@ -11,3 +11,5 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   g++ cmake make libgomp1 libgtest-dev nlohmann-json3-dev libcli11-dev openmpi-bin libopenmpi-dev \
   pkg-config libonig-dev libicu-dev libcpp-httplib-dev libdlpack-dev python3-venv chromium chromium-driver \
   python3-torch python3-pytest >/dev/null
+# Peers of the GEMM benchmark (bench/gemm_bench.cpp, built when either is present): oneDNN and OpenBLAS.
+$SUDO apt-get install -y -qq --no-install-recommends libdnnl-dev libopenblas-dev >/dev/null

@@ -111,6 +111,52 @@ TEST(GenerateCli, SeededSamplingDoesNotDependOnThreadsOrBatch) {
   EXPECT_NE(generated_ids(other_seed.output), generated_ids(one.output));
 }
 
+// "sequence {i} generated ids: " lines of a run with several sequences.
+std::string sequence_ids(const std::string& output, int i) {
+  return generated_ids(output.substr(output.find("sequence " + std::to_string(i) + " generated ids: ")));
+}
+
+TEST(GenerateCli, SeveralPromptsDecodeTogetherEachAsAlone) {
+  // Greedy: each sequence gives transformers' ids for its own prompt, whatever else is in the batch.
+  const auto expected = xmoe::SafetensorsFile::open(kModels + "/untied-yarn.expected.safetensors");
+  std::vector<std::vector<int32_t>> greedy;
+  std::string prompts;
+  size_t steps = SIZE_MAX;
+  for (int p = 0; p < 3; ++p) {
+    greedy.push_back(i32_tensor(expected, tensor_key(p, ".greedy")));
+    steps = std::min(steps, greedy.back().size());
+    prompts += " --prompt-ids " + join(i32_tensor(expected, tensor_key(p, ".prompt")));
+  }
+  const std::string base = "generate --model " + kModels + "/untied-yarn" + prompts +
+                           " --ignore-eos --dtype f32 --print-ids --threads 2 --max-tokens ";
+  const auto r = run_cli(base + std::to_string(steps) + " --temperature 0");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("3 prompts"), std::string::npos) << r.output;
+  for (int p = 0; p < 3; ++p) {
+    greedy[p].resize(steps);
+    EXPECT_EQ(sequence_ids(r.output, p), join(greedy[p])) << r.output;
+    EXPECT_NE(r.output.find("--- sequence " + std::to_string(p) + " (prompt " + std::to_string(p)),
+              std::string::npos)
+        << r.output;
+  }
+  // Sampling: sequence i uses seed + i, so it equals prompt i alone with that seed; --batch 4 repeats prompt
+  // 0 as sequence 3 with its own seed.
+  const auto sampled = run_cli(base + "10 --temperature 1 --seed 20 --batch 4");
+  ASSERT_EQ(sampled.code, 0) << sampled.output;
+  for (int i = 0; i < 4; ++i) {
+    SCOPED_TRACE(i);
+    const auto alone =
+        run_cli("generate --model " + kModels + "/untied-yarn --prompt-ids " +
+                join(i32_tensor(expected, tensor_key(i % 3, ".prompt"))) +
+                " --ignore-eos --dtype f32 --print-ids --threads 1 --max-tokens 10 --temperature 1 "
+                "--seed " +
+                std::to_string(20 + i));
+    ASSERT_EQ(alone.code, 0) << alone.output;
+    EXPECT_EQ(sequence_ids(sampled.output, i), generated_ids(alone.output));
+  }
+  EXPECT_NE(sequence_ids(sampled.output, 3), sequence_ids(sampled.output, 0));  // same prompt, other seed
+}
+
 // A random-weight checkpoint with a byte-level tokenizer and the Qwen3 chat template, made once per run.
 class GenerateCliText : public ::testing::Test {
  protected:
@@ -166,6 +212,43 @@ TEST_F(GenerateCliText, StreamsTextAndNoStreamPrintsTheSame) {
   EXPECT_NE(generated_ids(other.output), generated_ids(streamed.output));
 }
 
+TEST_F(GenerateCliText, PromptsFileGivesOneSequencePerLine) {
+  const std::string file = dir_ + "/prompts.txt";
+  std::ofstream(file) << "Hello, world\r\nThe second prompt\nthree\n";
+  const std::string common = " --max-tokens 4 --ignore-eos --dtype f32 --no-stream";
+  const auto r = run_cli("generate --model " + model() + " --prompts-file " + file + " --seed 7" + common);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const char* lines[] = {"Hello, world", "The second prompt", "three"};
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    const auto alone = run_cli("generate --model " + model() + " --prompt '" + lines[i] + "' --seed " +
+                               std::to_string(7 + i) + common);
+    ASSERT_EQ(alone.code, 0) << alone.output;
+    // The block after this sequence's header holds what the prompt alone prints.
+    const std::string header =
+        "--- sequence " + std::to_string(i) + " (prompt " + std::to_string(i) + ", 4 tokens";
+    const size_t at = r.output.find(header);
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const size_t text = r.output.find('\n', at) + 1;
+    EXPECT_EQ(r.output.substr(text, r.output.find('\n', text) - text), stdout_text(alone.output));
+  }
+  // A --prompt comes before the file's lines.
+  const auto both =
+      run_cli("generate --model " + model() + " --prompt first --prompts-file " + file + common);
+  ASSERT_EQ(both.code, 0) << both.output;
+  EXPECT_NE(both.output.find("--- sequence 3 (prompt 3"), std::string::npos) << both.output;
+
+  std::ofstream(dir_ + "/blank.txt") << "one\n\nthree\n";
+  const auto blank =
+      run_cli("generate --model " + model() + " --prompts-file " + dir_ + "/blank.txt" + common);
+  EXPECT_EQ(blank.code, 2);
+  EXPECT_NE(blank.output.find("line 2 is blank"), std::string::npos) << blank.output;
+  const auto few = run_cli("generate --model " + model() + " --prompts-file " + file + " --batch 2" + common);
+  EXPECT_EQ(few.code, 2);
+  EXPECT_NE(few.output.find("--batch 2 is fewer sequences than the 3 prompts"), std::string::npos)
+      << few.output;
+}
+
 TEST_F(GenerateCliText, ChatTemplateAndStopToken) {
   const std::string chat = "generate --model " + model() +
                            " --chat --system 'Be brief.' --prompt 'Hi there' --no-think --max-tokens 5 "
@@ -212,6 +295,8 @@ TEST(GenerateCliErrors, BadArgumentsAndMissingFilesGiveClearErrors) {
       {"generate" + model + " --prompt-ids 1,2 --chat", "--chat needs --prompt"},
       {"generate" + model + " --prompt-ids 1,256 --dtype f32", "outside the vocabulary"},
       {"generate" + model + " --prompt-ids 1,2 --stop x", "--stop needs"},
+      {"generate" + model + " --prompts-file /nonexistent/prompts.txt", "/nonexistent/prompts.txt"},
+      {"generate" + model + " --prompt-ids 1,2 --prompt-ids 3 --chat", "--chat needs --prompt"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);

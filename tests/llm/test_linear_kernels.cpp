@@ -13,6 +13,8 @@
 #include "kernels/cpu_features.hpp"
 #include "kernels/kernels.hpp"
 #include "kernels/linear.hpp"
+#include "kernels/register_fma_peak.hpp"
+#include "xmoe/error.hpp"
 
 namespace xmoe::kernels {
 namespace {
@@ -74,7 +76,7 @@ TEST(LinearKernels, VariantsMatchReferenceBitForBit) {
     std::mt19937 rng(7);
     std::normal_distribution<float> nd;
     for (WeightFormat format : {WeightFormat::f32, WeightFormat::bf16, WeightFormat::f16})
-      for (int64_t m : {1, 2, 3, 4, 5, 8, 9})
+      for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17, 100})
         for (int64_t n : {1, 7, 8, 13, 33})
           for (int64_t k : {1, 15, 16, 17, 64, 100})
             for (int64_t pad : {0, 5}) {
@@ -111,24 +113,28 @@ TEST(LinearKernels, ReferenceIsADotProduct) {
 }
 
 TEST(LinearKernels, RowsDoNotDependOnTheBatchOrThreads) {
+  // 200 rows take the many-rows path in several chunks; each row alone takes the decode path.
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
-  const int64_t k = 300, n = 517;
-  std::vector<float> v(static_cast<size_t>(n * k)), x(static_cast<size_t>(9 * k));
+  const int64_t k = 300, n = 517, m = 200;
+  std::vector<float> v(static_cast<size_t>(n * k)), x(static_cast<size_t>(m * k));
   for (float& e : v) e = nd(rng);
   for (float& e : x) e = nd(rng);
-  const TestWeight tw(WeightFormat::bf16, v, n, k, k);
-  const KernelTable& table = best_kernel_table(detect_cpu_features());
-  std::vector<float> all(static_cast<size_t>(9 * n)), one(static_cast<size_t>(n));
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(2);
-  linear_forward(table, tw.w, x.data(), 9, all.data());
-  omp_set_num_threads(1);
-  for (int64_t i = 0; i < 9; ++i) {
-    linear_forward(table, tw.w, x.data() + i * k, 1, one.data());
-    EXPECT_TRUE(std::equal(one.begin(), one.end(), all.begin() + i * n)) << "row " << i;
+  for (const WeightFormat format : {WeightFormat::f32, WeightFormat::bf16}) {
+    const TestWeight tw(format, v, n, k, k);
+    const KernelTable& table = best_kernel_table(detect_cpu_features());
+    std::vector<float> all(static_cast<size_t>(m * n)), one(static_cast<size_t>(n));
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(2);
+    linear_forward(table, tw.w, x.data(), m, all.data());
+    omp_set_num_threads(1);
+    for (int64_t i = 0; i < m; ++i) {
+      linear_forward(table, tw.w, x.data() + i * k, 1, one.data());
+      EXPECT_TRUE(std::equal(one.begin(), one.end(), all.begin() + i * n))
+          << weight_format_name(format) << " row " << i;
+    }
+    omp_set_num_threads(saved);
   }
-  omp_set_num_threads(saved);
 }
 
 TEST(LinearKernels, JoinRowsJoinsOnlyAdjacentViews) {
@@ -164,6 +170,25 @@ TEST(LinearKernels, MissingKernelIsNamed) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("f32"), std::string::npos) << e.what();
   }
+}
+
+// The FMA peak the benchmarks divide by: vector levels run 8 or 16 lanes per FMA, so even on a loaded machine
+// they beat the scalar loop by far more than 2x; bad thread counts and unsupported levels are errors.
+TEST(RegisterFmaPeak, VectorLevelsOutrunScalarAndBadArgumentsThrow) {
+  const CpuFeatures features = detect_cpu_features();
+  const double scalar = register_fma_peak_gflops(Isa::reference, features, 1, 0.05);
+  EXPECT_GT(scalar, 0.0);
+  for (Isa isa : {Isa::avx2, Isa::avx512}) {
+    if (!isa_supported(features, isa)) continue;
+    EXPECT_GT(register_fma_peak_gflops(isa, features, 1, 0.05), 2 * scalar) << isa_name(isa);
+  }
+  if (features.has_avx512_bf16()) {
+    EXPECT_GT(register_bf16_dot_peak_gflops(features, 1, 0.05), 2 * scalar);
+  }
+  EXPECT_THROW(register_fma_peak_gflops(Isa::reference, features, 0), Error);
+  CpuFeatures none;
+  EXPECT_THROW(register_fma_peak_gflops(Isa::avx2, none, 1), Error);
+  EXPECT_THROW(register_bf16_dot_peak_gflops(none, 1), Error);
 }
 
 }  // namespace

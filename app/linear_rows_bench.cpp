@@ -1,0 +1,113 @@
+#include "linear_rows_bench.hpp"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "kernels/linear.hpp"
+#include "kernels/read_bandwidth.hpp"
+#include "kernels/register_fma_peak.hpp"
+#include "stats.hpp"
+#include "xmoe/dtype.hpp"
+
+namespace xmoe::app {
+
+namespace {
+
+using kernels::PackedWeight;
+using kernels::WeightFormat;
+
+// `count` distinct copies of one [n, k] matrix in `format`, back to back, and their views.
+struct WeightCopies {
+  std::vector<std::byte> bytes;
+  std::vector<PackedWeight> views;
+};
+
+WeightCopies make_copies(WeightFormat format, const std::vector<float>& w, int64_t n, int64_t k,
+                         size_t count) {
+  const int64_t es = format == WeightFormat::f32 ? 4 : 2;
+  const size_t one = static_cast<size_t>(n * k * es);
+  WeightCopies c;
+  c.bytes.resize(one * count);
+  for (int64_t i = 0; i < n * k; ++i) {
+    const float f = w[static_cast<size_t>(i)];
+    const uint16_t h = bf16::from_float(f);
+    std::memcpy(c.bytes.data() + i * es, format == WeightFormat::f32 ? static_cast<const void*>(&f) : &h,
+                static_cast<size_t>(es));
+  }
+  for (size_t j = 1; j < count; ++j) std::memcpy(c.bytes.data() + j * one, c.bytes.data(), one);
+  for (size_t j = 0; j < count; ++j) {
+    PackedWeight v;
+    v.format = format;
+    v.rows = n;
+    v.cols = k;
+    v.row_bytes = k * es;
+    v.data = c.bytes.data() + j * one;
+    c.views.push_back(v);
+  }
+  return c;
+}
+
+}  // namespace
+
+void run_linear_rows_bench(const kernels::KernelTable& table, const kernels::CpuFeatures& features,
+                           int threads, int reps, const std::vector<int64_t>& rows) {
+  struct Shape {
+    const char* what;
+    int64_t n, k;
+  };
+  const Shape shapes[] = {
+      {"expert gate+up", 1536, 2048}, {"expert down", 2048, 768}, {"attention q", 4096, 2048}};
+  const double bandwidth = kernels::measure_read_bandwidth_gbs();
+  std::printf("read-bandwidth probe: %.2f GB/s\n", bandwidth);
+  std::printf("\n%-15s %-10s %-5s %5s %11s %9s %9s %9s\n", "shape", "N x K", "fmt", "rows", "GFLOP/s",
+              "of FMA pk", "GB/s", "of probe");
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (const Shape& s : shapes) {
+    std::vector<float> w(static_cast<size_t>(s.n * s.k));
+    for (float& v : w) v = normal(rng);
+    for (const WeightFormat format : {WeightFormat::f32, WeightFormat::bf16}) {
+      const size_t one = static_cast<size_t>(s.n * s.k) * (format == WeightFormat::f32 ? 4 : 2);
+      // 96 MiB of copies: each call reads its weight from DRAM, as a model's experts are read.
+      const WeightCopies set =
+          make_copies(format, w, s.n, s.k, std::max<size_t>(2, (size_t{96} << 20) / one));
+      const double peak = kernels::register_fma_peak_gflops(table.isa, features, threads);
+      for (const int64_t m : rows) {
+        std::vector<float> x(static_cast<size_t>(m * s.k)), y(static_cast<size_t>(m * s.n));
+        for (float& v : x) v = normal(rng);
+        std::vector<double> seconds;
+        size_t next = 0;
+        for (int r = 0; r <= reps; ++r) {
+          // At least ~20 ms per timing, over copies not read since the last pass.
+          int calls = 0;
+          const auto t0 = std::chrono::steady_clock::now();
+          double t = 0;
+          do {
+            kernels::linear_forward(table, set.views[next], x.data(), m, y.data());
+            next = (next + 1) % set.views.size();
+            ++calls;
+            t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          } while (t < 0.02);
+          if (r > 0) seconds.push_back(t / calls);  // the first timing warms up
+        }
+        const double t = median(seconds);
+        const double gflops = 2.0 * static_cast<double>(m * s.n * s.k) / t / 1e9;
+        const double gbs = static_cast<double>(one) / t / 1e9;
+        char nk[32];
+        std::snprintf(nk, sizeof(nk), "%lldx%lld", static_cast<long long>(s.n), static_cast<long long>(s.k));
+        std::printf("%-15s %-10s %-5s %5lld %11.1f %8.0f%% %9.2f %8.0f%%\n", s.what, nk,
+                    kernels::weight_format_name(format), static_cast<long long>(m), gflops,
+                    100 * gflops / peak, gbs, 100 * gbs / bandwidth);
+      }
+      std::printf("%-15s register-only FMA peak (%s, %d threads): %.1f GFLOP/s\n", "",
+                  kernels::isa_name(table.isa), threads, peak);
+      std::fflush(stdout);
+    }
+  }
+}
+
+}  // namespace xmoe::app

@@ -1,0 +1,109 @@
+#include "kernels/register_fma_peak.hpp"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "xmoe/error.hpp"
+
+namespace xmoe::kernels {
+namespace {
+
+constexpr int kChains = 12;  // enough independent chains to cover FMA latency × throughput on any x86 core
+
+// Each loop returns a value that depends on every chain, so none can be dropped; `a` and `b` come from the
+// caller at run time, so none can be folded.
+float chains_scalar(int64_t iters, float a, float b) {
+  float acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = static_cast<float>(i);
+  for (int64_t r = 0; r < iters; ++r) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains; ++i) acc[i] = acc[i] * a + b;
+  }
+  float s = 0;
+  for (float v : acc) s += v;
+  return s;
+}
+
+__attribute__((target("avx2,fma"))) float chains_avx2(int64_t iters, float a, float b) {
+  __m256 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i));
+  const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
+  for (int64_t r = 0; r < iters; ++r) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm256_fmadd_ps(acc[i], va, vb);
+  }
+  __m256 s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = _mm256_add_ps(s, acc[i]);
+  return _mm256_cvtss_f32(s);
+}
+
+__attribute__((target("avx512f"))) float chains_avx512(int64_t iters, float a, float b) {
+  __m512 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+  for (int64_t r = 0; r < iters; ++r) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], va, vb);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_cvtss_f32(s);
+}
+
+// VDPBF16PS: per f32 lane, two bf16 products added to the accumulator (4 flops).
+__attribute__((target("avx512f,avx512bf16"))) float chains_dpbf16(int64_t iters, float a, float b) {
+  __m512 acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512bh va = _mm512_cvtne2ps_pbh(_mm512_set1_ps(a), _mm512_set1_ps(b));
+  for (int64_t r = 0; r < iters; ++r) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], va, va);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_cvtss_f32(s);
+}
+
+// GFLOP/s of `chains` on `threads` threads: seven runs of about seconds / 7 each (sized at a guessed
+// 6 GFLOP/s per f32 lane and thread), the median.
+double chains_rate(float (*chains)(int64_t, float, float), double flops_per_iter, int lanes, int threads,
+                   double seconds) {
+  const int64_t iters =
+      std::max<int64_t>(1000, static_cast<int64_t>(seconds / 7 * 6e9 * lanes / flops_per_iter));
+  std::vector<double> rates;
+  float sink = 0;
+  for (int run = 0; run < 7; ++run) {
+    const double t0 = omp_get_wtime();
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    sink += chains(iters, 0.999f, 1e-3f);
+    const double t = omp_get_wtime() - t0;
+    rates.push_back(threads * static_cast<double>(iters) * flops_per_iter / t / 1e9);
+  }
+  volatile float keep = sink;  // the chains' results are used
+  (void)keep;
+  std::nth_element(rates.begin(), rates.begin() + 3, rates.end());
+  return rates[3];
+}
+
+}  // namespace
+
+double register_bf16_dot_peak_gflops(const CpuFeatures& features, int threads, double seconds) {
+  XMOE_CHECK(features.has_avx512_bf16(), "bf16 dot peak: this CPU/OS has no AVX512-BF16");
+  XMOE_CHECK(threads >= 1, "bf16 dot peak: threads must be at least 1, got ", threads);
+  return chains_rate(chains_dpbf16, 4.0 * kChains * 16, 16, threads, seconds);
+}
+
+double register_fma_peak_gflops(Isa isa, const CpuFeatures& features, int threads, double seconds) {
+  XMOE_CHECK(isa_supported(features, isa), "fma peak: ", isa_name(isa), " is not supported by this CPU/OS");
+  XMOE_CHECK(threads >= 1, "fma peak: threads must be at least 1, got ", threads);
+  float (*chains)(int64_t, float, float) = chains_scalar;
+  int lanes = 1;
+  if (isa == Isa::avx2) chains = chains_avx2, lanes = 8;
+  if (isa >= Isa::avx512) chains = chains_avx512, lanes = 16;
+  return chains_rate(chains, 2.0 * kChains * lanes, lanes, threads, seconds);
+}
+
+}  // namespace xmoe::kernels

@@ -1,0 +1,21 @@
+// The FMA rate this CPU reaches with nothing but registers: independent FMA chains, no loads or stores. It is
+// the ceiling every f32-accumulating kernel (GEMM, linear layers with weights decoded in registers) is
+// measured against; unlike the in-cache GEMM probe (gemm_probe.hpp) it cannot read low because of packing or
+// cache misses, so a kernel's share of it is an honest efficiency.
+#pragma once
+
+#include "kernels/cpu_features.hpp"
+
+namespace xmoe::kernels {
+
+// GFLOP/s (2 per FMA lane) of `threads` OpenMP threads each running 12 independent f32 FMA chains of the
+// widest vector `isa` has (reference: scalar multiply-add, avx2: 8 lanes, avx512 and above: 16 lanes), for
+// about `seconds` in all: the median of several short runs, so a loaded machine's figure moves with what the
+// kernels it is compared with see. Throws xmoe::Error if this CPU cannot run `isa` or threads < 1.
+double register_fma_peak_gflops(Isa isa, const CpuFeatures& features, int threads, double seconds = 0.2);
+
+// The same for VDPBF16PS chains (AVX512-BF16: 2 bf16 products per f32 lane, 4 flops), the ceiling of the bf16
+// GEMM that uses it; about twice the f32 FMA peak. Throws xmoe::Error without AVX512-BF16 or threads < 1.
+double register_bf16_dot_peak_gflops(const CpuFeatures& features, int threads, double seconds = 0.2);
+
+}  // namespace xmoe::kernels
