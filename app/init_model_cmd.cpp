@@ -287,8 +287,9 @@ CLI::App* add_init_model_subcommand(CLI::App& app, InitModelOptions& o) {
   cmd->add_option("--seed", o.seed, "random seed (same seed, same weights)")
       ->check(non_negative_integer())
       ->capture_default_str();
-  cmd->add_option("--expert-layout", o.expert_layout,
-                  "per-expert (one tensor per expert and projection) | fused (a layer's experts in 3-D tensors)")
+  cmd->add_option(
+         "--expert-layout", o.expert_layout,
+         "per-expert (one tensor per expert and projection) | fused (a layer's experts in 3-D tensors)")
       ->check(CLI::IsMember({"per-expert", "fused"}))
       ->capture_default_str();
   cmd->add_option("--shard-size-mb", o.shard_size_mb, "largest safetensors shard in MiB")

@@ -47,7 +47,6 @@ class DecoderLoader {
   WeightLoader weights_;
   ProgressFn progress_;
   size_t vector_bytes_ = 0, total_bytes_ = 0;
-  friend class Decoder;
 };
 
 // A layer's feed-forward block (dense MLP or MoE).
