@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what xmoe needs to build and test on Debian 12 (bookworm): compilers and libraries, and for the
-# server's tests a Python venv (the SDKs come from PyPI in tools/run-tests.sh) and headless Chromium.
+# server's tests a Python venv (the SDKs come from PyPI in tools/run-tests.sh) and headless Chromium; and clang-14
+# with its libFuzzer/sanitizer runtime and OpenMP for the fuzz campaigns of tools/fuzz.sh (not run by CI).
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
@@ -8,4 +9,5 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   g++ cmake make libgomp1 libgtest-dev nlohmann-json3-dev libcli11-dev openmpi-bin libopenmpi-dev \
-  pkg-config libonig-dev libicu-dev libcpp-httplib-dev python3-venv chromium chromium-driver >/dev/null
+  pkg-config libonig-dev libicu-dev libcpp-httplib-dev python3-venv chromium chromium-driver \
+  clang-14 libclang-rt-14-dev libomp-14-dev >/dev/null

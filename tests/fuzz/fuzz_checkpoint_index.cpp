@@ -12,16 +12,16 @@
 namespace {
 
 void write_checkpoint(const xmoe::fuzz::ScratchDir& d) {
-    d.write("config.json", xmoe::fuzz::read_file(xmoe::fuzz::data_path("checkpoints/tiny_config.json")));
-    static const std::array<float, 4> f32{1.0f, -2.0f, 3.5f, 0.25f};
-    static const std::array<uint16_t, 3> bf16{0x3f80, 0xc000, 0x4060};
-    const auto bytes = [](const auto& a) { return std::as_bytes(std::span(a)); };
-    xmoe::save_safetensors_raw(d.file("model-00001-of-00002.safetensors"),
-                               {{"model.embed_tokens.weight", "F32", {2, 2}, {bytes(f32)}},
-                                {"lm_head.weight", "BF16", {3}, {bytes(bf16)}}});
-    xmoe::save_safetensors_raw(d.file("model-00002-of-00002.safetensors"),
-                               {{"model.norm.weight", "F32", {4}, {bytes(f32)}},
-                                {"model.codes", "U8", {2}, {std::as_bytes(std::span(bf16).first(1))}}});
+  d.write("config.json", xmoe::fuzz::read_file(xmoe::fuzz::data_path("checkpoints/tiny_config.json")));
+  static const std::array<float, 4> f32{1.0f, -2.0f, 3.5f, 0.25f};
+  static const std::array<uint16_t, 3> bf16{0x3f80, 0xc000, 0x4060};
+  const auto bytes = [](const auto& a) { return std::as_bytes(std::span(a)); };
+  xmoe::save_safetensors_raw(d.file("model-00001-of-00002.safetensors"),
+                             {{"model.embed_tokens.weight", "F32", {2, 2}, {bytes(f32)}},
+                              {"lm_head.weight", "BF16", {3}, {bytes(bf16)}}});
+  xmoe::save_safetensors_raw(d.file("model-00002-of-00002.safetensors"),
+                             {{"model.norm.weight", "F32", {4}, {bytes(f32)}},
+                              {"model.codes", "U8", {2}, {std::as_bytes(std::span(bf16).first(1))}}});
 }
 
 const xmoe::fuzz::ScratchDir& checkpoint_dir() {

@@ -10,8 +10,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
-    const auto config = xmoe::llm::parse_model_config_text(std::string(xmoe::fuzz::as_text(data, size)),
-                                                           "config.json");
+    const auto config =
+        xmoe::llm::parse_model_config_text(std::string(xmoe::fuzz::as_text(data, size)), "config.json");
     int sparse = 0;
     for (int i = 0; i < std::min(config.num_hidden_layers, 256); ++i) sparse += config.is_sparse_layer(i);
     volatile int sink = sparse;

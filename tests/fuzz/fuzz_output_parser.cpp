@@ -1,7 +1,8 @@
 // Model output of arbitrary text through the tool-call/thinking parsers (plain, Qwen3 <tool_call> JSON,
-// Qwen3-Coder <function=...>). Byte 0 picks the format and options, byte 1 the chunk size the text streams
-// in. Properties: every finished tool call's argument fragments join to a JSON object, and the events do not
-// depend on how the text was split into pieces (compared after joining adjacent pieces of the same kind).
+// Qwen3-Coder <function=...>), as the engine delivers it: valid UTF-8. Byte 0 picks the format and options,
+// byte 1 the chunk size the text streams in. Properties: every finished tool call's argument fragments join
+// to a JSON object, and the events do not depend on how the text was split into pieces (compared after
+// joining adjacent pieces of the same kind).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "fuzz_support.hpp"
+#include "llm/tokenizer/utf8.hpp"
 #include "serve/output_parser.hpp"
 
 namespace {
@@ -45,7 +47,8 @@ std::vector<std::string> normalized(const std::vector<OutputEvent>& events) {
         break;
       case OutputEvent::Kind::tool_call_end: {
         const auto parsed = nlohmann::json::parse(args, nullptr, false);
-        check(!parsed.is_discarded() && parsed.is_object(), "tool call arguments are not a JSON object: " + args);
+        check(!parsed.is_discarded() && parsed.is_object(),
+              "tool call arguments are not a JSON object: " + args);
         out.back() += " " + args;
         break;
       }
@@ -65,8 +68,9 @@ std::vector<xmoe::serve::ToolDefinition> tools() {
   return {t};
 }
 
-std::vector<OutputEvent> run(xmoe::serve::OutputFormat format, const xmoe::serve::OutputParserOptions& options,
-                             std::string_view text, size_t chunk) {
+std::vector<OutputEvent> run(xmoe::serve::OutputFormat format,
+                             const xmoe::serve::OutputParserOptions& options, std::string_view text,
+                             size_t chunk) {
   const auto parser = xmoe::serve::make_output_parser(format, options);
   std::vector<OutputEvent> events;
   for (size_t i = 0; i < text.size(); i += chunk) parser->push(text.substr(i, chunk), events);
@@ -86,7 +90,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.starts_in_thinking = (data[0] >> 4) & 1;
   if ((data[0] >> 5) & 1) options.tools = offered;
   const size_t chunk = 1 + data[1] % 16;
-  const auto text = xmoe::fuzz::as_text(data + 2, size - 2);
+  // The engine hands the parsers complete UTF-8 (invalid bytes already replaced), so the input is repaired
+  // the same way.
+  const std::string text = xmoe::tokenizer_detail::to_valid_utf8(xmoe::fuzz::as_text(data + 2, size - 2));
 
   const auto whole = normalized(run(format, options, text, text.size() + 1));
   const auto pieces = normalized(run(format, options, text, chunk));

@@ -18,8 +18,8 @@ const std::vector<xmoe::Tokenizer>& tokenizers() {
   static const std::vector<xmoe::Tokenizer> all = [] {
     std::vector<xmoe::Tokenizer> v;
     for (const char* name : {"qwen2", "variant-byte-fallback", "variant-prepend"})
-      v.push_back(xmoe::Tokenizer::from_file(xmoe::fuzz::data_path(std::string("tokenizer/") + name +
-                                                                   "/tokenizer.json")));
+      v.push_back(xmoe::Tokenizer::from_file(
+          xmoe::fuzz::data_path(std::string("tokenizer/") + name + "/tokenizer.json")));
     return v;
   }();
   return all;
@@ -42,7 +42,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto text = xmoe::fuzz::as_text(data + 1, size - 1);
 
   const std::vector<int32_t> ids = t.encode(text, special);
-  for (const int32_t id : ids) check(id >= 0 && id < t.vocab_size(), "encode gave an id outside the vocabulary");
+  for (const int32_t id : ids)
+    check(id >= 0 && id < t.vocab_size(), "encode gave an id outside the vocabulary");
   const std::string decoded = t.decode(ids, false);
 
   // The same bytes as token ids, including ids outside the vocabulary (skipped, as HF does).

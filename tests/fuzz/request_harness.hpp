@@ -22,8 +22,7 @@ namespace xmoe::fuzz {
 
 class PrepareOnlyBackend final : public serve::Backend {
  public:
-  PrepareOnlyBackend()
-      : tokenizer_(Tokenizer::from_file(data_path("tokenizer/qwen2/tokenizer.json"))) {
+  PrepareOnlyBackend() : tokenizer_(Tokenizer::from_file(data_path("tokenizer/qwen2/tokenizer.json"))) {
     chat_.chat_template = read_file(data_path("chat_templates/Qwen-Qwen3-0.6B.jinja"));
     chat_.chat_template_origin = "Qwen-Qwen3-0.6B.jinja";
     chat_.eos_token = "<|im_end|>";

@@ -45,9 +45,6 @@ int64_t mul(int64_t a, int64_t b) {
   return r;
 }
 
-// A repeated string or list may not grow past this many bytes / items (a template asking for more is broken).
-constexpr int64_t kMaxRepeat = int64_t{1} << 27;
-
 int64_t floor_div(int64_t a, int64_t b) {
   if (a == INT64_MIN && b == -1) overflow();
   int64_t q = a / b;
@@ -57,7 +54,9 @@ int64_t floor_div(int64_t a, int64_t b) {
 
 Value repeat(const Value& seq, int64_t n) {
   const auto unit = static_cast<int64_t>(seq.kind == Kind::String ? seq.s().size() : seq.list->size());
-  if (n > 0 && unit > 0 && n > kMaxRepeat / unit) fail("MemoryError", "repeated sequence would be too large");
+  // Refused before allocating: a repeated string or list may not grow past the limits of any value.
+  const auto limit = static_cast<int64_t>(seq.kind == Kind::String ? kMaxStringBytes : kMaxListItems);
+  if (n > 0 && unit > 0 && n > limit / unit) fail("MemoryError", "repeated sequence would be too large");
   if (seq.kind == Kind::String) {
     std::string out;
     for (int64_t i = 0; i < n; ++i) out += seq.s();
