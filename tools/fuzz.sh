@@ -5,7 +5,9 @@
 #   tools/fuzz.sh TARGET SECONDS    runs one campaign on tests/fuzz/fuzz_TARGET.cpp: one process, inputs kept in
 #                                   build-fuzz/corpus/TARGET, crashes in build-fuzz/artifacts/TARGET/
 #   tools/fuzz.sh --minimize TARGET replaces tests/fuzz/corpus/TARGET by the smallest set of inputs (up to
-#                                   32 KB each) that keeps the coverage of the committed and the campaign's
+#                                   32 KB each, 8 KB for tokenizer.json) that keeps the edge coverage of
+#                                   the committed and the campaign's inputs; inputs that found a bug
+#                                   (crash-*, timeout-*, other names) are always kept
 #   tools/fuzz.sh --list            prints the targets
 #
 # Limits: a hang is an input taking over 1 s; the process may not use over 2 GB RSS, and no single allocation
@@ -53,19 +55,23 @@ limits=(-rss_limit_mb=2048 -malloc_limit_mb=256 -timeout=1)
 # Inputs stay short where the structure is (headers, bodies, model text), so a campaign makes many executions;
 # templates and tokenizer.json files are longer by nature.
 case "$target" in
-  tokenizer_json) max_len=262144 ;;
+  tokenizer_json) max_len=262144 keep=-9k ;;
   jinja_template | chat_template_render) max_len=16384 ;;
   *) max_len=4096 ;;
 esac
+keep=${keep:--33k}  # the largest input (find -size) a committed corpus keeps
 
 if [ "$mode" = minimize ]; then
   # Small inputs only, so the committed corpora stay small; merge keeps those adding coverage.
   small=$(mktemp -d)
   merged=$(mktemp -d)
   trap 'rm -rf "$small" "$merged"' EXIT
-  find "$work" "$committed" -maxdepth 1 -type f -size -33k -exec cp {} "$small/" \;
-  "$binary" -merge=1 "${limits[@]}" "$merged" "$small" 2>&1 | grep -E "MERGE-OUTER: [0-9]+ new files" || true
-  rm -f "$committed"/*
+  find "$work" "$committed" -maxdepth 1 -type f -size "$keep" -regextype egrep -regex '.*/[0-9a-f]{40}' \
+    -exec cp {} "$small/" \;
+  # Edge coverage only (-use_counters=0): hit counts would keep hundreds of near-duplicates per target.
+  "$binary" -merge=1 -use_counters=0 -use_value_profile=0 "${limits[@]}" "$merged" "$small" 2>&1 | grep -E "MERGE-OUTER: [0-9]+ new files" || true
+  # Inputs that found a bug (crash-*, timeout-*, named ones) stay whatever their coverage.
+  find "$committed" -maxdepth 1 -type f -regextype egrep -regex '.*/[0-9a-f]{40}' -delete
   cp "$merged"/* "$committed/"
   echo "$committed: $(ls "$committed" | wc -l) files, $(du -sh "$committed" | cut -f1)"
   exit 0

@@ -20,6 +20,8 @@ json parse_json_file(const std::string& path) {
     return json::parse(read_text_file(path));
   } catch (const json::parse_error& e) {
     throw Error(path + ": malformed JSON at byte " + std::to_string(e.byte) + ": " + e.what());
+  } catch (const json::exception& e) {  // e.g. a number too large for a double (found by fuzzing)
+    throw Error(path + ": malformed JSON: " + e.what());
   }
 }
 
