@@ -205,6 +205,8 @@ Checkpoint Checkpoint::open(const std::string& dir) {
       index = json::parse(read_text_file(index_path));
     } catch (const json::parse_error& e) {
       throw Error(index_path + ": malformed JSON at byte " + std::to_string(e.byte) + ": " + e.what());
+    } catch (const json::exception& e) {  // e.g. a number too large for a double (found by fuzzing)
+      throw Error(index_path + ": malformed JSON: " + e.what());
     }
     XMOE_CHECK(index.is_object() && index.contains("weight_map"), index_path,
                ": field 'weight_map' is missing");

@@ -4,8 +4,8 @@
 #include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
-#include <regex>
 
+#include "llm/tokenizer/regex.hpp"
 #include "util/text_file.hpp"
 #include "xmoe/error.hpp"
 
@@ -20,6 +20,8 @@ json parse_json_file(const std::string& path) {
     return json::parse(read_text_file(path));
   } catch (const json::parse_error& e) {
     throw Error(path + ": malformed JSON at byte " + std::to_string(e.byte) + ": " + e.what());
+  } catch (const json::exception& e) {  // e.g. a number too large for a double (found by fuzzing)
+    throw Error(path + ": malformed JSON: " + e.what());
   }
 }
 
@@ -46,6 +48,21 @@ std::vector<std::string> string_list(const json& obj, const char* key, const std
   return out;
 }
 
+// A "re:" module pattern as a whole-name match. Oniguruma rather than std::regex: a config's pattern must not
+// overflow the stack while compiling (std::regex recurses per nesting level) nor backtrack without bound
+// (Oniguruma's retry limit ends a runaway match with an error), and Python's re syntax is close to Ruby's.
+tokenizer_detail::Regex module_regex(const std::string& pattern, const std::string& where) {
+  return tokenizer_detail::Regex("\\A(?:" + pattern + ")\\z", where);
+}
+
+// The modules kept unquantized; "re:" patterns are compiled here, so a bad one is refused naming the field.
+std::vector<std::string> module_list(const json& obj, const char* key, const std::string& where) {
+  std::vector<std::string> out = string_list(obj, key, where);
+  for (const std::string& p : out)
+    if (p.rfind("re:", 0) == 0) module_regex(p.substr(3), where + ": field '" + key + "'");
+  return out;
+}
+
 // DeepSeek FP8: quant_method "fp8", fmt e4m3, weight_block_size [128, 128].
 void parse_fp8(const json& q, const std::string& where, QuantizationConfig& c) {
   c.scheme = QuantScheme::fp8_block;
@@ -64,7 +81,7 @@ void parse_fp8(const json& q, const std::string& where, QuantizationConfig& c) {
   XMOE_CHECK(scale_fmt.empty() || scale_fmt == "ue8m0", where, ": field 'scale_fmt' is '", scale_fmt,
              "'; only ue8m0 (or none) is known");
   c.ue8m0_scales = scale_fmt == "ue8m0";
-  c.not_converted = string_list(q, "modules_to_not_convert", where);
+  c.not_converted = module_list(q, "modules_to_not_convert", where);
 }
 
 // compressed-tensors: config_groups.*.format (or the top-level format) names the packing.
@@ -97,7 +114,7 @@ void parse_compressed_tensors(const json& q, const std::string& where, Quantizat
   else
     throw Error(where + ": field 'format' is '" + format +
                 "'; supported compressed-tensors formats: nvfp4-pack-quantized, mxfp4-pack-quantized");
-  c.not_converted = string_list(q, "ignore", where);
+  c.not_converted = module_list(q, "ignore", where);
 }
 
 }  // namespace
@@ -123,7 +140,7 @@ const char* quant_scheme_name(QuantScheme s) {
 bool QuantizationConfig::is_not_converted(const std::string& module) const {
   for (const std::string& p : not_converted) {
     if (p.rfind("re:", 0) == 0) {
-      if (std::regex_match(module, std::regex(p.substr(3)))) return true;
+      if (!module_regex(p.substr(3), source + ": pattern '" + p + "'").find_all(module).empty()) return true;
     } else if (p.find_first_of("*?[") != std::string::npos) {
       if (::fnmatch(p.c_str(), module.c_str(), 0) == 0) return true;
     } else if (module == p ||
@@ -151,7 +168,7 @@ QuantizationConfig parse_quantization_config(const std::string& dir) {
       parse_fp8(q, where, c);
     } else if (method == "mxfp4") {
       c.scheme = QuantScheme::mxfp4;
-      c.not_converted = string_list(q, "modules_to_not_convert", where);
+      c.not_converted = module_list(q, "modules_to_not_convert", where);
     } else if (method == "compressed-tensors") {
       parse_compressed_tensors(q, where, c);
     } else if (method == "modelopt") {
@@ -181,7 +198,7 @@ QuantizationConfig parse_quantization_config(const std::string& dir) {
     }
     c.scheme = QuantScheme::nvfp4_modelopt;
     c.source = where;
-    c.not_converted = string_list(q, "exclude_modules", where);
+    c.not_converted = module_list(q, "exclude_modules", where);
   }
   return c;
 }

@@ -279,4 +279,32 @@ TEST(ChatTemplateRobustness, DeepNestingIsAnError) {
   EXPECT_THROW(tmpl.render_ordered({{"x", deep}}), xmoe::Error);
 }
 
+// Found by tests/fuzz (jinja_template): a template is untrusted input, so one render must end and stay
+// bounded in memory however it loops or grows values.
+TEST(ChatTemplateRobustness, HostileTemplatesAreBoundedInTimeAndMemory) {
+  const std::string loops = error_of(
+      [] { render("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"); });
+  EXPECT_NE(loops.find("line 1: ResourceError: the template ran over 1000000 operations"), std::string::npos)
+      << loops;
+  const std::string doubling = error_of([] {
+    render("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}");
+  });
+  EXPECT_NE(doubling.find("MemoryError: a string of"), std::string::npos) << doubling;
+  const std::string list = error_of([] {
+    render("{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}");
+  });
+  EXPECT_NE(list.find("MemoryError: a list of"), std::string::npos) << list;
+  EXPECT_NE(error_of([] { render("{{ [1, 2] * 100000000 }}"); }).find("MemoryError"), std::string::npos);
+  // Far below the limits, as chat templates are: 2000 messages render.
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  for (int i = 0; i < 2000; ++i)
+    messages.push_back({{"role", i % 2 ? "assistant" : "user"}, {"content", "hi"}});
+  const std::string out = render(
+      "{% for m in messages %}{% if m.role == 'user' %}<u>{{ m.content }}{% else %}<a>{{ m.content }}{% "
+      "endif %}"
+      "{% endfor %}",
+      {{"messages", messages}});
+  EXPECT_EQ(out.size(), 2000u * 5);
+}
+
 }  // namespace

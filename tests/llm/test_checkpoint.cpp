@@ -295,6 +295,24 @@ TEST(Checkpoint, BadIndexNamesWhatIsWrong) {
   write_file(index, R"({"weight_map": {"x": "a.safetensors",)");
   msg = open_error(dir.path());
   EXPECT_HAS(msg, "model.safetensors.index.json: malformed JSON at byte");
+  // Found by tests/fuzz (checkpoint_index): a number too large for a double escaped as a json::out_of_range.
+  write_file(index, R"({"metadata": {"total_size": 1e999}, "weight_map": {"x": "a.safetensors"}})");
+  msg = open_error(dir.path());
+  EXPECT_HAS(msg, "model.safetensors.index.json: malformed JSON");
+  EXPECT_HAS(msg, "1e999");
+}
+
+// The same in the quantization config reader (found by tests/fuzz, quantization_config).
+TEST(Checkpoint, QuantizationConfigNumberOutOfRangeIsNamed) {
+  TempDir dir;
+  write_file(dir / "config.json", R"({"quantization_config": {"quant_method": "fp8", "x": -1e400}})");
+  std::string msg = "<no error>";
+  try {
+    xmoe::llm::parse_quantization_config(dir.path());
+  } catch (const xmoe::Error& e) {
+    msg = e.what();
+  }
+  EXPECT_HAS(msg, "config.json: malformed JSON");
 }
 
 TEST(Checkpoint, MissingFilesNamed) {

@@ -226,6 +226,31 @@ TEST(QuantizedModels, UnknownQuantMethodIsNamed) {
   EXPECT_HAS(msg, "awq");
 }
 
+// Found by tests/fuzz (quantization_config): a "re:" pattern that does not compile was a std::regex_error
+// escaping the loader; it is refused when the config is read, naming the field and the pattern.
+TEST(QuantizedModels, BadModulePatternIsNamed) {
+  BrokenCheckpoint b("quant-fp8");
+  nlohmann::json cfg = b.read_json("config.json");
+  cfg["quantization_config"]["modules_to_not_convert"] = {"lm_head", "re:model.(layers"};
+  b.write_json("config.json", cfg);
+  const std::string msg = load_error(b.dir());
+  EXPECT_HAS(msg, "quantization_config: field 'modules_to_not_convert': invalid regex");
+  EXPECT_HAS(msg, "model.(layers");
+}
+
+// "re:" patterns match whole module names (Oniguruma now, std::regex_match before: the same answers).
+TEST(QuantizedModels, ModulePatternsMatchWholeNames) {
+  QuantizationConfig q;
+  q.source = "config.json: quantization_config";
+  q.not_converted = {"re:.*mlp\\.gate", "lm_head", "model.layers.*.self_attn.o_proj"};
+  EXPECT_TRUE(q.is_not_converted("model.layers.3.mlp.gate"));
+  EXPECT_FALSE(q.is_not_converted("model.layers.3.mlp.gate_proj"));
+  EXPECT_FALSE(q.is_not_converted("model.layers.3.mlpxgate"));
+  EXPECT_TRUE(q.is_not_converted("lm_head"));
+  EXPECT_TRUE(q.is_not_converted("model.layers.0.self_attn.o_proj"));
+  EXPECT_FALSE(q.is_not_converted("model.layers.0.self_attn.q_proj"));
+}
+
 TEST(QuantizedModels, WrongBlockSizeIsNamed) {
   {
     BrokenCheckpoint b("quant-fp8");

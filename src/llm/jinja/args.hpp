@@ -20,7 +20,9 @@ class Args {
                             std::to_string(args.positional.size()) + " given)");
     for (size_t i = 0; i < args.positional.size(); ++i) bound_[i] = args.positional[i];
     for (auto& [key, value] : args.keyword) {
-      const auto it = std::find_if(params_.begin(), params_.end(), [&](const char* p) { return key == p; });
+      // Compared through a named reference: clang 14 cannot capture a structured binding in a lambda.
+      const std::string& name = key;
+      const auto it = std::find_if(params_.begin(), params_.end(), [&](const char* p) { return name == p; });
       if (it == params_.end()) fail("TypeError", fn + "() got an unexpected keyword argument '" + key + "'");
       auto& slot = bound_[static_cast<size_t>(it - params_.begin())];
       if (slot) fail("TypeError", fn + "() got multiple values for argument '" + key + "'");

@@ -22,6 +22,10 @@ enum class Flow { Normal, Break, Continue };
 
 // Deep recursion (a macro calling itself forever) must end in an error, not a stack overflow.
 constexpr int kMaxCallDepth = 200;
+// A template comes with a downloaded checkpoint, so one render must end: statements, loop iterations and
+// expression evaluations share this budget, far above what chat templates use on long conversations (~1e4
+// to 1e5), and the rendered text is capped like any string value (kMaxStringBytes).
+constexpr int64_t kMaxOperations = 1'000'000;
 
 class Interpreter {
  public:
@@ -69,13 +73,26 @@ class Interpreter {
     return Flow::Normal;
   }
 
+  void tick() {
+    if (++operations_ > kMaxOperations)
+      fail("ResourceError", "the template ran over " + std::to_string(kMaxOperations) +
+                                " operations (statements, loop iterations, expressions) in one render");
+  }
+
+  static void append(std::string& out, const std::string& text) {
+    if (out.size() + text.size() > kMaxStringBytes)
+      fail("MemoryError", "the rendered text would exceed " + std::to_string(kMaxStringBytes) + " bytes");
+    out += text;
+  }
+
   Flow exec(const Stmt& s, const FramePtr& frame, std::string& out) {
+    tick();
     switch (s.type) {
       case Stmt::Type::Text:
-        out += s.text;
+        append(out, s.text);
         return Flow::Normal;
       case Stmt::Type::Print:
-        out += to_str(eval(*s.expr, frame));
+        append(out, to_str(eval(*s.expr, frame)));
         return Flow::Normal;
       case Stmt::Type::If:
         for (size_t i = 0; i < s.conditions.size(); ++i)
@@ -152,6 +169,7 @@ class Interpreter {
     if (items.empty()) return exec_body(s.else_body, frame, out);
     const auto n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      tick();
       auto f = std::make_shared<Frame>();
       f->parent = frame;
       Dict loop;
@@ -239,6 +257,7 @@ class Interpreter {
 
   Value eval(const Expr& e, const FramePtr& frame) {
     try {
+      tick();
       return eval_inner(e, frame);
     } catch (TemplateFailure& f) {
       mark_line(f, e.line);
@@ -345,6 +364,7 @@ class Interpreter {
 
   const Program& program_;
   int depth_ = 0;
+  int64_t operations_ = 0;
 };
 
 }  // namespace

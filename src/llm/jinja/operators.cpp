@@ -1,5 +1,6 @@
 #include "operators.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -45,9 +46,6 @@ int64_t mul(int64_t a, int64_t b) {
   return r;
 }
 
-// A repeated string or list may not grow past this many bytes / items (a template asking for more is broken).
-constexpr int64_t kMaxRepeat = int64_t{1} << 27;
-
 int64_t floor_div(int64_t a, int64_t b) {
   if (a == INT64_MIN && b == -1) overflow();
   int64_t q = a / b;
@@ -57,10 +55,16 @@ int64_t floor_div(int64_t a, int64_t b) {
 
 Value repeat(const Value& seq, int64_t n) {
   const auto unit = static_cast<int64_t>(seq.kind == Kind::String ? seq.s().size() : seq.list->size());
-  if (n > 0 && unit > 0 && n > kMaxRepeat / unit) fail("MemoryError", "repeated sequence would be too large");
+  // Refused before allocating: a repeated string or list may not grow past the limits of any value.
+  const auto limit = static_cast<int64_t>(seq.kind == Kind::String ? kMaxStringBytes : kMaxListItems);
+  if (n > 0 && unit > 0 && n > limit / unit) fail("MemoryError", "repeated sequence would be too large");
   if (seq.kind == Kind::String) {
+    // By doubling: a long repeat of a short string stays a few dozen copies, not millions of tiny appends.
+    const size_t total = n > 0 ? static_cast<size_t>(unit * n) : 0;
     std::string out;
-    for (int64_t i = 0; i < n; ++i) out += seq.s();
+    out.reserve(total);
+    if (total > 0) out = seq.s();
+    while (out.size() < total) out.append(out, 0, std::min(out.size(), total - out.size()));
     return Value::from_string(std::move(out));
   }
   List out;

@@ -58,6 +58,9 @@ Value Value::from_float(double f) {
   return v;
 }
 Value Value::from_string(std::string s) {
+  if (s.size() > kMaxStringBytes)
+    fail("MemoryError", "a string of " + std::to_string(s.size()) + " bytes exceeds the limit of " +
+                            std::to_string(kMaxStringBytes));
   Value v;
   v.kind = Kind::String;
   v.str = std::make_shared<const std::string>(std::move(s));
@@ -65,6 +68,9 @@ Value Value::from_string(std::string s) {
 }
 namespace {
 uint32_t nesting_of(const List& items) {
+  if (items.size() > kMaxListItems)
+    fail("MemoryError", "a list of " + std::to_string(items.size()) + " items exceeds the limit of " +
+                            std::to_string(kMaxListItems));
   uint32_t depth = 0;
   for (const Value& item : items) depth = std::max(depth, item.depth);
   if (depth + 1 > kMaxValueDepth)

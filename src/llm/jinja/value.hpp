@@ -22,6 +22,10 @@ struct TemplateFailure {
 // Values nest at most this deep (Python's own recursion limit stops deeper nesting in jinja2 too); it keeps
 // printing, comparison and destruction off the edge of the C++ stack.
 constexpr uint32_t kMaxValueDepth = 400;
+// Strings and lists a template builds are capped (MemoryError), so a hostile template cannot allocate without
+// bound by doubling a string or list in a loop; chat prompts are far smaller.
+constexpr size_t kMaxStringBytes = size_t{64} << 20;
+constexpr size_t kMaxListItems = size_t{1} << 22;
 
 struct Value;
 using List = std::vector<Value>;
