@@ -13,6 +13,7 @@
 #include "llm/engine.hpp"
 #include "llm/model_bundle.hpp"
 #include "process_memory.hpp"
+#include "serve/output_parser.hpp"
 #include "xmoe/error.hpp"
 #include "xmoe/tokenizer.hpp"
 
@@ -30,6 +31,8 @@ CLI::App* add_generate_subcommand(CLI::App& app, GenerateOptions& o) {
   cmd->add_flag("--chat", o.chat, "apply the checkpoint's chat template to --prompt (as the user message)");
   o.system_opt = cmd->add_option("--system", o.system, "system message (with --chat)");
   cmd->add_flag("--no-think", o.no_think, "chat template with enable_thinking=false");
+  cmd->add_flag("--show-reasoning", o.show_reasoning,
+                "with --chat: also print the model's reasoning (thinking / harmony analysis), on stderr");
   cmd->add_option("--max-tokens", o.max_tokens, "tokens to generate at most")
       ->check(positive)
       ->capture_default_str();
@@ -117,8 +120,8 @@ int run_generate(const GenerateOptions& o) {
   XMOE_CHECK(o.prompt_opt->count() + o.prompt_ids_opt->count() == 1,
              "generate: give exactly one of --prompt and --prompt-ids");
   XMOE_CHECK(!o.chat || o.prompt_opt->count() == 1, "generate: --chat needs --prompt (text)");
-  XMOE_CHECK(o.chat || (o.system_opt->count() == 0 && !o.no_think),
-             "generate: --system and --no-think need --chat");
+  XMOE_CHECK(o.chat || (o.system_opt->count() == 0 && !o.no_think && !o.show_reasoning),
+             "generate: --system, --no-think and --show-reasoning need --chat");
   if (o.threads > 0) omp_set_num_threads(o.threads);
 
   const auto load_start = std::chrono::steady_clock::now();
@@ -165,7 +168,34 @@ int run_generate(const GenerateOptions& o) {
   engine_options.max_step_tokens = std::max<int64_t>(o.prefill_chunk, o.batch);
   engine_options.max_running = o.batch;
   engine_options.eos_token_ids = setup.eos_token_ids;
-  if (tokenizer) engine_options.text_stream = llm::tokenizer_text_stream(*tokenizer);
+  // A chat's output goes through the template's output parser: the answer on stdout, the reasoning on stderr
+  // with --show-reasoning (harmony's channel markup is made of special tokens, which the parser must see).
+  const serve::OutputFormat format =
+      o.chat ? serve::detect_output_format(setup, checkpoint.config()) : serve::OutputFormat::plain;
+  std::unique_ptr<serve::OutputParser> parser;
+  if (o.chat) {
+    serve::OutputParserOptions parser_options;
+    parser_options.parse_tools = false;
+    parser = serve::make_output_parser(format, parser_options);
+  }
+  std::vector<serve::OutputEvent> events;
+  const auto print_text = [&](std::string_view text, bool last) {
+    if (!parser) {
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      return;
+    }
+    parser->push(text, events);
+    if (last) parser->finish(events);
+    for (const serve::OutputEvent& e : events) {
+      if (e.kind == serve::OutputEvent::Kind::text) std::fwrite(e.text.data(), 1, e.text.size(), stdout);
+      if (e.kind == serve::OutputEvent::Kind::thinking && o.show_reasoning)
+        std::fwrite(e.text.data(), 1, e.text.size(), stderr);
+    }
+    events.clear();
+  };
+  if (tokenizer)
+    engine_options.text_stream =
+        llm::tokenizer_text_stream(*tokenizer, !(o.chat && format == serve::OutputFormat::harmony));
   llm::Engine engine(*model, engine_options);
 
   std::vector<llm::RequestId> ids;
@@ -179,9 +209,9 @@ int run_generate(const GenerateOptions& o) {
     request.stop_token_ids = o.stop_ids;
     request.ignore_eos = o.ignore_eos;
     if (i == 0 && !o.no_stream) {
-      request.on_delta = [&tokenizer](const llm::StreamDelta& d) {
+      request.on_delta = [&tokenizer, &print_text](const llm::StreamDelta& d) {
         if (tokenizer) {
-          std::fwrite(d.text.data(), 1, d.text.size(), stdout);
+          print_text(d.text, d.finish != llm::FinishReason::none);
         } else {
           for (int32_t t : d.token_ids) std::printf("%d ", t);
         }
@@ -202,7 +232,7 @@ int run_generate(const GenerateOptions& o) {
   const llm::GenerationResult& first = results.front();
   if (o.no_stream) {
     if (tokenizer) {
-      std::fwrite(first.text.data(), 1, first.text.size(), stdout);
+      print_text(first.text, true);
     } else {
       for (int32_t t : first.token_ids) std::printf("%d ", t);
     }
