@@ -8,7 +8,6 @@
 #include <unordered_set>
 #include <vector>
 
-#include "qwen3_chat_template.hpp"
 #include "util/text_file.hpp"
 #include "xmoe/error.hpp"
 
@@ -18,19 +17,7 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-struct SpecialToken {
-  const char* content;
-  bool special;  // as Qwen3 marks them: the think/tool tags are added tokens but not "special"
-};
-constexpr SpecialToken kSpecialTokens[] = {
-    {"<|endoftext|>", true}, {"<|im_start|>", true}, {"<|im_end|>", true},    {"<think>", false},
-    {"</think>", false},     {"<tool_call>", false}, {"</tool_call>", false},
-};
-constexpr int kNumSpecial = sizeof(kSpecialTokens) / sizeof(kSpecialTokens[0]);
-
-// Qwen2/Qwen3's pre-tokenizer split (tokenizer.json of Qwen/Qwen3-*).
-constexpr const char* kQwenSplitRegex =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+using llm::SpecialTokenSpec;
 
 // Common English and code words: the first merges build them (with and without a leading space) so that
 // ordinary text encodes to fewer tokens than bytes, as with a trained vocabulary.
@@ -106,12 +93,12 @@ struct Bpe {
   }
 };
 
-Bpe build_bpe(int64_t num_regular) {
+Bpe build_bpe(int64_t num_regular, const std::vector<SpecialTokenSpec>& specials) {
   std::vector<int> byte_of_token;
   Bpe bpe;
   bpe.vocab = byte_tokens_in_vocab_order(byte_of_token);
   for (const auto& t : bpe.vocab) bpe.known.insert(t);
-  for (const auto& s : kSpecialTokens) bpe.known.insert(s.content);  // never shadow an added token
+  for (const auto& s : specials) bpe.known.insert(s.content);  // never shadow an added token
   const size_t target = static_cast<size_t>(num_regular);
   const std::string space = "\xC4\xA0";  // Ġ, the byte-level form of ' '
 
@@ -139,7 +126,7 @@ std::string quoted(const std::string& s) {
   return json(s).dump();
 }
 
-json added_token_json(int64_t id, const SpecialToken& t) {
+json added_token_json(int64_t id, const SpecialTokenSpec& t) {
   json j;
   j["id"] = id;
   j["content"] = t.content;
@@ -153,24 +140,27 @@ json added_token_json(int64_t id, const SpecialToken& t) {
 
 }  // namespace
 
-ByteLevelTokenizerIds write_byte_level_tokenizer(const std::string& dir, int64_t vocab_size) {
-  XMOE_CHECK(vocab_size >= kMinByteLevelVocab, "tokenizer: vocab_size ", vocab_size,
-             " is too small for a byte-level tokenizer (needs >= ", kMinByteLevelVocab, ")");
-  const int64_t first_special = vocab_size - kNumSpecial;
-  const Bpe bpe = build_bpe(first_special);
+std::map<std::string, int32_t> write_byte_level_tokenizer(const std::string& dir, int64_t vocab_size,
+                                                          const llm::InitModelSpec& spec) {
+  const int64_t min_vocab = min_byte_level_vocab(spec);
+  XMOE_CHECK(vocab_size >= min_vocab, "tokenizer: vocab_size ", vocab_size,
+             " is too small for a byte-level tokenizer (needs >= ", min_vocab, ")");
+  const auto num_special = static_cast<int64_t>(spec.special_tokens.size());
+  const int64_t first_special = vocab_size - num_special;
+  const Bpe bpe = build_bpe(first_special, spec.special_tokens);
 
   json head;
   head["version"] = "1.0";
   head["truncation"] = nullptr;
   head["padding"] = nullptr;
   json added = json::array();
-  for (int i = 0; i < kNumSpecial; ++i)
-    added.push_back(added_token_json(first_special + i, kSpecialTokens[i]));
+  for (int64_t i = 0; i < num_special; ++i)
+    added.push_back(added_token_json(first_special + i, spec.special_tokens[static_cast<size_t>(i)]));
   head["added_tokens"] = added;
   head["normalizer"] = {{"type", "NFC"}};
   head["pre_tokenizer"] = {{"type", "Sequence"},
                            {"pretokenizers", json::array({{{"type", "Split"},
-                                                           {"pattern", {{"Regex", kQwenSplitRegex}}},
+                                                           {"pattern", {{"Regex", spec.split_regex}}},
                                                            {"behavior", "Isolated"},
                                                            {"invert", false}},
                                                           {{"type", "ByteLevel"},
@@ -182,7 +172,7 @@ ByteLevelTokenizerIds write_byte_level_tokenizer(const std::string& dir, int64_t
   head["decoder"] = {
       {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
 
-  // The vocabulary and merges are large (150k entries at Qwen's size): written by hand rather than through a
+  // The vocabulary and merges are large (150k entries at Qwen3's size): written by hand rather than through a
   // JSON object, whose ordered inserts are quadratic.
   std::string text = head.dump(1);
   text.resize(text.rfind('}'));  // reopen the object to append "model"
@@ -203,29 +193,28 @@ ByteLevelTokenizerIds write_byte_level_tokenizer(const std::string& dir, int64_t
   config["add_bos_token"] = false;
   config["add_prefix_space"] = false;
   json decoder = json::object();
-  for (int i = 0; i < kNumSpecial; ++i) {
-    json t = added_token_json(first_special + i, kSpecialTokens[i]);
+  for (int64_t i = 0; i < num_special; ++i) {
+    json t = added_token_json(first_special + i, spec.special_tokens[static_cast<size_t>(i)]);
     t.erase("id");
     decoder[std::to_string(first_special + i)] = t;
   }
   config["added_tokens_decoder"] = decoder;
-  config["additional_special_tokens"] = json::array({"<|im_start|>", "<|im_end|>"});
-  config["bos_token"] = nullptr;
-  config["chat_template"] = kQwen3ChatTemplate;
+  config["additional_special_tokens"] = spec.additional_special_tokens;
+  config["bos_token"] = spec.bos_token.empty() ? json(nullptr) : json(spec.bos_token);
+  config["chat_template"] = spec.chat_template;
   config["clean_up_tokenization_spaces"] = false;
-  config["eos_token"] = "<|im_end|>";
+  config["eos_token"] = spec.eos_token;
   config["errors"] = "replace";
-  config["model_max_length"] = 131072;
-  config["pad_token"] = "<|endoftext|>";
+  config["model_max_length"] = spec.model_max_length;
+  config["pad_token"] = spec.pad_token;
   config["split_special_tokens"] = false;
-  config["tokenizer_class"] = "Qwen2Tokenizer";
+  config["tokenizer_class"] = spec.tokenizer_class;
   config["unk_token"] = nullptr;
   write_text_file(dir + "/tokenizer_config.json", config.dump(2) + "\n");
 
-  ByteLevelTokenizerIds ids;
-  ids.endoftext = static_cast<int32_t>(first_special);
-  ids.im_start = static_cast<int32_t>(first_special + 1);
-  ids.im_end = static_cast<int32_t>(first_special + 2);
+  std::map<std::string, int32_t> ids;
+  for (int64_t i = 0; i < num_special; ++i)
+    ids[spec.special_tokens[static_cast<size_t>(i)].content] = static_cast<int32_t>(first_special + i);
   return ids;
 }
 

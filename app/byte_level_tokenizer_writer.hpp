@@ -1,23 +1,26 @@
 // A small byte-level BPE tokenizer in Hugging Face's format for random-weight checkpoints: every id below the
-// model's vocab_size decodes to something, so a model sampling any id still produces text.
+// model's vocab_size decodes to something, so a model sampling any id still produces text. Model-independent:
+// the architecture's InitModelSpec gives the special tokens, the pre-tokenizer split, the chat template and
+// the tokenizer_config.json fields.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
+
+#include "llm/arch/architecture.hpp"
 
 namespace xmoe::app {
 
-struct ByteLevelTokenizerIds {
-  int32_t endoftext = -1, im_start = -1, im_end = -1;
-};
+// 256 byte tokens + the special tokens.
+inline int64_t min_byte_level_vocab(const llm::InitModelSpec& spec) {
+  return 256 + static_cast<int64_t>(spec.special_tokens.size());
+}
 
-// 256 byte tokens + 7 special tokens.
-constexpr int64_t kMinByteLevelVocab = 263;
-
-// Writes dir/tokenizer.json (Qwen2-style: NFC normalizer, Split with Qwen's regex + ByteLevel pre-tokenizer,
-// BPE with the 256 byte tokens then merged tokens, ByteLevel decoder) and dir/tokenizer_config.json (the
-// Qwen3 chat template, eos <|im_end|>, pad <|endoftext|>). The special tokens <|endoftext|>, <|im_start|>,
-// <|im_end|>, <think>, </think>, <tool_call>, </tool_call> take the top 7 ids. Deterministic.
-// Requires vocab_size >= kMinByteLevelVocab.
-ByteLevelTokenizerIds write_byte_level_tokenizer(const std::string& dir, int64_t vocab_size);
+// Writes dir/tokenizer.json (NFC normalizer, Split with spec.split_regex + ByteLevel pre-tokenizer, BPE with
+// the 256 byte tokens then merged tokens, ByteLevel decoder) and dir/tokenizer_config.json (spec's chat
+// template and tokens). The special tokens take the top ids in spec order. Deterministic. Returns each
+// special token's id by content. Requires vocab_size >= min_byte_level_vocab(spec).
+std::map<std::string, int32_t> write_byte_level_tokenizer(const std::string& dir, int64_t vocab_size,
+                                                          const llm::InitModelSpec& spec);
 
 }  // namespace xmoe::app

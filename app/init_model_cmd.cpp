@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -19,10 +20,10 @@
 #include "byte_level_tokenizer_writer.hpp"
 #include "cli_checks.hpp"
 #include "kernels/quant/quantize.hpp"
+#include "llm/arch/architecture.hpp"
 #include "llm/model_config.hpp"
 #include "llm/progress_bar.hpp"
 #include "quant_checkpoint.hpp"
-#include "qwen3_moe_tensors.hpp"
 #include "safetensors_stream_writer.hpp"
 #include "util/random.hpp"
 #include "util/text_file.hpp"
@@ -35,7 +36,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr double kInitializerRange = 0.02;  // transformers' Qwen3MoeConfig default
+using llm::ExpertLayout;
+using llm::PlannedTensor;
+using llm::TensorInit;
+using llm::TensorRole;
 constexpr int64_t kChunkElements = int64_t{1} << 22;
 
 enum class OutDType { bf16, f32 };
@@ -67,12 +71,12 @@ void store(OutDType dt, std::byte* out, int64_t i, float v) {
 // outputs of pair p, a pure function of (seed, source, p), so the values are the same for any thread count
 // and any chunking. One 64-bit hash gives both 23-bit uniforms of a pair and the math is in float: the
 // benchmark checkpoint is 5.6e9 values, and this keeps writing it at disk speed on two cores.
-void fill_normal(uint64_t seed, const std::string& source, int64_t first, int64_t n, OutDType dt,
-                 std::byte* out) {
+void fill_normal(uint64_t seed, double std_dev, const std::string& source, int64_t first, int64_t n,
+                 OutDType dt, std::byte* out) {
   const uint64_t key = splitmix64(seed ^ splitmix64(fnv1a(source)));
   const int64_t pair_begin = first / 2, pair_end = (first + n + 1) / 2;
   constexpr float kTwoPi = 6.2831853f, kInv23 = 1.0f / 8388608.0f;
-  const float scale = static_cast<float>(kInitializerRange);
+  const float scale = static_cast<float>(std_dev);
   // Small runs (a fused tensor is one run per expert) are not worth waking the thread team for.
 #pragma omp parallel for schedule(static) if (pair_end - pair_begin > 32768)
   for (int64_t p = pair_begin; p < pair_end; ++p) {
@@ -89,7 +93,7 @@ void fill_normal(uint64_t seed, const std::string& source, int64_t first, int64_
 }
 
 // Elements [first, first + n) of the planned tensor.
-void fill_tensor(uint64_t seed, const PlannedTensor& t, int64_t first, int64_t n, OutDType dt,
+void fill_tensor(uint64_t seed, double std_dev, const PlannedTensor& t, int64_t first, int64_t n, OutDType dt,
                  std::byte* out) {
   if (t.init != TensorInit::normal) {
     const float v = t.init == TensorInit::ones ? 1.0f : 0.0f;
@@ -100,7 +104,8 @@ void fill_tensor(uint64_t seed, const PlannedTensor& t, int64_t first, int64_t n
   for (const auto& seg : t.segments) {
     const int64_t lo = std::max(first, seg_start), hi = std::min(first + n, seg_start + seg.count);
     if (lo < hi)
-      fill_normal(seed, seg.source, lo - seg_start, hi - lo, dt, out + (lo - first) * element_size(dt));
+      fill_normal(seed, std_dev, seg.source, lo - seg_start, hi - lo, dt,
+                  out + (lo - first) * element_size(dt));
     seg_start += seg.count;
   }
 }
@@ -114,7 +119,7 @@ struct Shard {
 // What one planned tensor becomes on disk: itself in the output dtype, or a quantized linear's tensors.
 std::vector<StreamedTensor> output_specs(const PlannedTensor& t, OutDType dt,
                                          const std::optional<QuantTarget>& quant) {
-  if (quant && is_quantized_linear(t.name, t.shape.size()))
+  if (quant && t.role == TensorRole::quantized_linear)
     return quantized_tensor_specs(*quant, t.name, t.shape[0], t.shape[1]);
   return {{t.name, dt == OutDType::bf16 ? "BF16" : "F32", t.shape,
            static_cast<size_t>(t.numel()) * element_size(dt)}};
@@ -155,51 +160,49 @@ void prepare_out_dir(const std::string& dir) {
 // config.json (the input's own text and key order, with the dtype and the tokenizer's ids filled in) and
 // generation_config.json.
 void write_config_files(const InitModelOptions& o, const llm::ModelConfig& config, OutDType dt,
-                        const std::optional<QuantTarget>& quant,
-                        const std::optional<ByteLevelTokenizerIds>& ids) {
+                        const std::optional<QuantTarget>& quant, const std::vector<PlannedTensor>& plan,
+                        const llm::InitModelSpec& spec, const std::map<std::string, int32_t>& ids) {
   nlohmann::ordered_json cfg = nlohmann::ordered_json::parse(read_text_file(o.config));
   if (!cfg.contains("architectures")) cfg["architectures"] = {config.architecture};
   const char* torch_dtype = torch_dtype_name(dt);
   cfg["torch_dtype"] = torch_dtype;
   if (cfg.contains("dtype")) cfg["dtype"] = torch_dtype;  // transformers v5's name for it
-  if (ids) {
-    cfg["bos_token_id"] = ids->endoftext;
-    cfg["eos_token_id"] = ids->im_end;
+  if (!ids.empty()) {
+    cfg["bos_token_id"] = ids.at(spec.config_bos);
+    cfg["eos_token_id"] = ids.at(spec.config_eos);
   }
-  if (quant) write_quantization_config(*quant, cfg, config.num_hidden_layers, o.out);
+  if (quant) write_quantization_config(*quant, cfg, llm::kept_linear_modules(plan), o.out);
   write_text_file(o.out + "/config.json", cfg.dump(2) + "\n");
 
   nlohmann::ordered_json gen;
-  if (ids) {
-    gen["bos_token_id"] = ids->endoftext;
-    gen["eos_token_id"] = {ids->im_end, ids->endoftext};
-    gen["pad_token_id"] = ids->endoftext;
+  if (!ids.empty()) {
+    gen["bos_token_id"] = ids.at(spec.config_bos);
+    nlohmann::ordered_json eos = nlohmann::ordered_json::array();
+    for (const std::string& e : spec.generation_eos) eos.push_back(ids.at(e));
+    gen["eos_token_id"] = eos;
+    gen["pad_token_id"] = ids.at(spec.generation_pad);
   }
-  // Qwen3's published sampling defaults.
-  gen["do_sample"] = true;
-  gen["temperature"] = 0.6;
-  gen["top_k"] = 20;
-  gen["top_p"] = 0.95;
+  for (const auto& [key, value] : spec.sampling.items()) gen[key] = value;
   write_text_file(o.out + "/generation_config.json", gen.dump(2) + "\n");
 }
 
 // A quantized linear: its f32 values generated whole (the largest is an attention projection, tens of MB),
 // quantized, and their bytes returned in output_specs' order. NVFP4's gate and up share the global scale of
 // the pair, so the partner's values are generated too to find it.
-std::vector<std::vector<uint8_t>> quantized_linear(uint64_t seed, const std::vector<PlannedTensor>& plan,
+std::vector<std::vector<uint8_t>> quantized_linear(uint64_t seed, double std_dev,
+                                                   const std::vector<PlannedTensor>& plan,
                                                    const PlannedTensor& t, QuantTarget quant) {
   const auto values = [&](const PlannedTensor& p) {
     std::vector<float> v(static_cast<size_t>(p.numel()));
-    fill_tensor(seed, p, 0, p.numel(), OutDType::f32, reinterpret_cast<std::byte*>(v.data()));
+    fill_tensor(seed, std_dev, p, 0, p.numel(), OutDType::f32, reinterpret_cast<std::byte*>(v.data()));
     return v;
   };
   const std::vector<float> w = values(t);
   float scale_2 = 0.0f;
   if (quant == QuantTarget::nvfp4) {
     scale_2 = kernels::quant::nvfp4_weight_scale_2(w.data(), t.numel());
-    const std::string partner = nvfp4_partner(t.name);
     for (const auto& p : plan)
-      if (!partner.empty() && p.name == partner) {
+      if (!t.scale_partner.empty() && p.name == t.scale_partner) {
         const std::vector<float> pv = values(p);
         scale_2 = std::max(scale_2, kernels::quant::nvfp4_weight_scale_2(pv.data(), p.numel()));
       }
@@ -209,7 +212,7 @@ std::vector<std::vector<uint8_t>> quantized_linear(uint64_t seed, const std::vec
 
 // Streams every planned tensor into its shard (and writes the index when there are several); returns the
 // bytes of weights written.
-size_t write_weights(const InitModelOptions& o, const std::vector<PlannedTensor>& plan,
+size_t write_weights(const InitModelOptions& o, double std_dev, const std::vector<PlannedTensor>& plan,
                      const std::vector<Shard>& shards, OutDType dt, const std::optional<QuantTarget>& quant) {
   size_t total = 0;
   for (const auto& s : shards) total += s.bytes;
@@ -231,9 +234,9 @@ size_t write_weights(const InitModelOptions& o, const std::vector<PlannedTensor>
     int which = 0;
     for (size_t i : shard.tensors) {
       const PlannedTensor& t = plan[i];
-      if (quant && is_quantized_linear(t.name, t.shape.size())) {
+      if (quant && t.role == TensorRole::quantized_linear) {
         if (pending.valid()) pending.get();
-        for (const auto& bytes : quantized_linear(o.seed, plan, t, *quant)) {
+        for (const auto& bytes : quantized_linear(o.seed, std_dev, plan, t, *quant)) {
           writer.write({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()});
           done += bytes.size();
         }
@@ -243,7 +246,7 @@ size_t write_weights(const InitModelOptions& o, const std::vector<PlannedTensor>
       for (int64_t first = 0; first < t.numel(); first += kChunkElements) {
         const int64_t n = std::min(kChunkElements, t.numel() - first);
         std::vector<std::byte>& buffer = buffers[which];
-        fill_tensor(o.seed, t, first, n, dt, buffer.data());
+        fill_tensor(o.seed, std_dev, t, first, n, dt, buffer.data());
         if (pending.valid()) pending.get();  // the other buffer is free again; rethrows a write error
         const size_t nbytes = static_cast<size_t>(n) * element_size(dt);
         pending = std::async(std::launch::async, [&writer, &buffer, nbytes] {
@@ -273,7 +276,8 @@ CLI::App* add_init_model_subcommand(CLI::App& app, InitModelOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "init-model",
       "Write a random-weight Hugging Face checkpoint (weights, config, tokenizer) for a config.json");
-  cmd->add_option("--config", o.config, "config.json of a supported architecture (Qwen3MoeForCausalLM)")
+  cmd->add_option("--config", o.config,
+                  "config.json of a supported architecture (" + llm::supported_architecture_names() + ")")
       ->required()
       ->check(CLI::ExistingFile);
   cmd->add_option("--out", o.out, "output directory (created; must be empty if it exists)")->required();
@@ -311,7 +315,9 @@ int run_init_model(const InitModelOptions& o) {
         layout == ExpertLayout::per_expert, "init-model: --quant ", o.quant,
         " needs --expert-layout per-expert (the published quantized checkpoints hold per-expert linears)");
   }
-  const std::vector<PlannedTensor> plan = qwen3_moe_tensors(config, layout);
+  const llm::Architecture& arch = llm::architecture_of(config);
+  const llm::InitModelSpec spec = arch.init_model_spec();
+  const std::vector<PlannedTensor> plan = arch.tensors(config, layout);
   // The config's sizes are each in range, but their products can still be absurd: check before writing.
   constexpr uint64_t kMaxTotalBytes = uint64_t{1} << 50;
   uint64_t total_bytes = 0;
@@ -335,21 +341,22 @@ int run_init_model(const InitModelOptions& o) {
              static_cast<double>(space.available) / 1e9, " GB free");
 
   // Tokenizer first: config.json and generation_config.json name its special-token ids.
-  std::optional<ByteLevelTokenizerIds> ids;
-  if (config.vocab_size >= kMinByteLevelVocab)
-    ids = write_byte_level_tokenizer(o.out, config.vocab_size);
+  std::map<std::string, int32_t> ids;
+  const int64_t min_vocab = min_byte_level_vocab(spec);
+  if (config.vocab_size >= min_vocab)
+    ids = write_byte_level_tokenizer(o.out, config.vocab_size, spec);
   else
     std::fprintf(stderr, "init-model: vocab_size %lld < %lld: no tokenizer written (use --prompt-ids)\n",
-                 static_cast<long long>(config.vocab_size), static_cast<long long>(kMinByteLevelVocab));
+                 static_cast<long long>(config.vocab_size), static_cast<long long>(min_vocab));
 
-  write_config_files(o, config, dt, quant, ids);
-  const size_t total = write_weights(o, plan, shards, dt, quant);
+  write_config_files(o, config, dt, quant, plan, spec, ids);
+  const size_t total = write_weights(o, spec.initializer_range, plan, shards, dt, quant);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf(
       "wrote %s: %s, %zu tensors (%s experts), %.3f GB of %s%s%s in %zu file(s)%s, %.1f s (%d threads)\n",
       o.out.c_str(), config.architecture.c_str(), plan.size(), o.expert_layout.c_str(),
       static_cast<double>(total) / 1e9, torch_dtype_name(dt), quant ? " + " : "",
-      quant ? quant_target_flag(*quant) : "", shards.size(), ids ? " + tokenizer" : "", secs,
+      quant ? quant_target_flag(*quant) : "", shards.size(), !ids.empty() ? " + tokenizer" : "", secs,
       omp_get_max_threads());
   return 0;
 }

@@ -1,5 +1,6 @@
 #include "quant_checkpoint.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/quant/quantize.hpp"
@@ -9,10 +10,6 @@
 namespace xmoe::app {
 
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 std::string base_of(const std::string& weight_name) {
   return weight_name.substr(0, weight_name.size() - std::string(".weight").size());
@@ -43,21 +40,6 @@ const char* quant_target_flag(QuantTarget t) {
       return "nvfp4";
   }
   return "?";
-}
-
-bool is_quantized_linear(const std::string& name, size_t ndim) {
-  if (ndim != 2 || !ends_with(name, ".weight")) return false;
-  for (const char* p : {".q_proj.weight", ".k_proj.weight", ".v_proj.weight", ".o_proj.weight",
-                        ".gate_proj.weight", ".up_proj.weight", ".down_proj.weight"})
-    if (ends_with(name, p)) return true;
-  return false;
-}
-
-std::string nvfp4_partner(const std::string& name) {
-  const std::string gate = ".gate_proj.weight", up = ".up_proj.weight";
-  if (ends_with(name, gate)) return name.substr(0, name.size() - gate.size()) + up;
-  if (ends_with(name, up)) return name.substr(0, name.size() - up.size()) + gate;
-  return "";
 }
 
 std::vector<StreamedTensor> quantized_tensor_specs(QuantTarget t, const std::string& name, int64_t rows,
@@ -107,11 +89,11 @@ std::vector<std::vector<uint8_t>> quantized_tensor_bytes(QuantTarget t, const fl
   return {};
 }
 
-void write_quantization_config(QuantTarget t, nlohmann::ordered_json& config, int64_t num_layers,
-                               const std::string& dir) {
-  nlohmann::ordered_json excluded = nlohmann::ordered_json::array({"lm_head"});
-  for (int64_t i = 0; i < num_layers; ++i)
-    excluded.push_back("model.layers." + std::to_string(i) + ".mlp.gate");
+void write_quantization_config(QuantTarget t, nlohmann::ordered_json& config,
+                               std::vector<std::string> kept_modules, const std::string& dir) {
+  std::stable_partition(kept_modules.begin(), kept_modules.end(),
+                        [](const std::string& m) { return m.find('.') == std::string::npos; });
+  const nlohmann::ordered_json excluded = kept_modules;
   nlohmann::ordered_json q;
   switch (t) {
     case QuantTarget::fp8_block:
@@ -139,8 +121,7 @@ void write_quantization_config(QuantTarget t, nlohmann::ordered_json& config, in
       q["format"] = "mxfp4-pack-quantized";
       q["quantization_status"] = "compressed";
       q["config_groups"] = {{"group_0", group}};
-      nlohmann::ordered_json ignore = nlohmann::ordered_json::array({"lm_head", "re:.*mlp\\.gate$"});
-      q["ignore"] = ignore;
+      q["ignore"] = excluded;
       break;
     }
     case QuantTarget::nvfp4: {

@@ -10,8 +10,9 @@
 //  * nvfp4 (NVIDIA ModelOpt): `weight` U8 [N, K/2] + `weight_scale` F8_E4M3 [N, K/16] + `weight_scale_2` F32
 //  []
 //    + `input_scale` F32 []; hf_quant_config.json and quantization_config quant_method "modelopt".
-// Which tensors are quantized follows the published checkpoints: attention q/k/v/o and MLP / expert
-// gate/up/down projections; embeddings, norms, biases, the router (`mlp.gate`) and lm_head stay as they are.
+// Which tensors are quantized is the architecture's tensor plan's (llm/arch/tensor_plan.hpp): its
+// quantized_linear tensors, as the published checkpoints choose them (for Qwen3-MoE attention q/k/v/o and
+// MLP / expert gate/up/down projections; embeddings, norms, biases, the router and lm_head stay as they are).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -28,13 +29,6 @@ QuantTarget parse_quant_target(const std::string& flag);  // "fp8-block" | "mxfp
 const char* quant_target_flag(QuantTarget t);
 inline const std::vector<std::string> kQuantTargetFlags = {"fp8-block", "mxfp4", "nvfp4"};
 
-// Whether the published checkpoints quantize this tensor (a 2-D `.weight` of the linears named above).
-bool is_quantized_linear(const std::string& name, size_t ndim);
-
-// For NVFP4, a gate_proj and its up_proj share one weight_scale_2 (they run fused): the other one's name, or
-// "" when the tensor is not one of such a pair.
-std::string nvfp4_partner(const std::string& name);
-
 // The tensors written in place of `name` (a `.weight` of [rows, cols]); throws naming the tensor when cols
 // does not fit the format's block (MXFP4: multiple of 32, NVFP4: of 16).
 std::vector<StreamedTensor> quantized_tensor_specs(QuantTarget t, const std::string& name, int64_t rows,
@@ -44,8 +38,9 @@ std::vector<std::vector<uint8_t>> quantized_tensor_bytes(QuantTarget t, const fl
                                                          int64_t cols, float nvfp4_weight_scale_2);
 
 // Adds config.json's `quantization_config` (and for NVFP4 writes `hf_quant_config.json` into dir), naming as
-// not converted the modules the writer left unquantized: lm_head and each layer's router.
-void write_quantization_config(QuantTarget t, nlohmann::ordered_json& config, int64_t num_layers,
-                               const std::string& dir);
+// not converted the linear modules the writer left unquantized (the plan's kept_linear ones, top-level
+// modules such as lm_head first).
+void write_quantization_config(QuantTarget t, nlohmann::ordered_json& config,
+                               std::vector<std::string> kept_modules, const std::string& dir);
 
 }  // namespace xmoe::app

@@ -9,6 +9,7 @@
 
 #include "kernels/packed_weight.hpp"
 #include "kernels/quant/quantize.hpp"
+#include "llm/arch/architecture.hpp"
 #include "llm/progress_bar.hpp"
 #include "quant_checkpoint.hpp"
 #include "safetensors_stream_writer.hpp"
@@ -78,19 +79,29 @@ std::vector<float> to_f32(const Source& s, const std::string& name) {
   return out;
 }
 
-bool is_fused_expert(const std::string& name) {
-  return name.find("mlp.experts.gate_up_proj") != std::string::npos ||
-         name.find("mlp.experts.down_proj") != std::string::npos;
-}
+// The architecture's tensor plans of the input's config: what to quantize comes from the per-expert plan
+// (the layout the published quantized checkpoints hold); a tensor only the fused plan names is refused.
+struct Plans {
+  std::vector<llm::PlannedTensor> per_expert, fused;
+  // The planned tensor to quantize under this name, or nullptr to copy it as is.
+  const llm::PlannedTensor* quantized(const std::string& name, const SafetensorsEntry& e) const {
+    const llm::PlannedTensor* t = llm::find_planned(per_expert, name);
+    if (t == nullptr) {
+      const llm::PlannedTensor* f = llm::find_planned(fused, name);
+      XMOE_CHECK(
+          f == nullptr || e.shape.size() != 3, "quantize: tensor '", name,
+          "' is a fused 3-D expert tensor; quantized checkpoints hold per-expert linears (write the input "
+          "with per-expert tensors)");
+      return nullptr;
+    }
+    return t->role == llm::TensorRole::quantized_linear && e.shape.size() == 2 ? t : nullptr;
+  }
+};
 
-std::vector<StreamedTensor> output_specs(const Source& s, const std::string& name, QuantTarget to) {
+std::vector<StreamedTensor> output_specs(const Source& s, const Plans& plans, const std::string& name,
+                                         QuantTarget to) {
   const SafetensorsEntry& e = s.entry(name);
-  XMOE_CHECK(
-      !is_fused_expert(name) || e.shape.size() != 3, "quantize: tensor '", name,
-      "' is a fused 3-D expert tensor; quantized checkpoints hold per-expert linears (write the input with "
-      "per-expert tensors)");
-  if (is_quantized_linear(name, e.shape.size()))
-    return quantized_tensor_specs(to, name, e.shape[0], e.shape[1]);
+  if (plans.quantized(name, e)) return quantized_tensor_specs(to, name, e.shape[0], e.shape[1]);
   return {{name, e.dtype, e.shape, e.end - e.begin}};
 }
 
@@ -124,7 +135,10 @@ int run_quantize(const QuantizeOptions& o) {
   auto config = nlohmann::ordered_json::parse(read_text_file(o.in + "/config.json"));
   XMOE_CHECK(!config.contains("quantization_config"), "quantize: ", o.in,
              "/config.json already has a quantization_config (the input must be unquantized)");
-  const int64_t num_layers = config.value("num_hidden_layers", int64_t{0});
+  const llm::ModelConfig model_config = llm::parse_model_config(o.in + "/config.json");
+  const llm::Architecture& arch = llm::architecture_of(model_config);
+  const Plans plans{arch.tensors(model_config, llm::ExpertLayout::per_expert),
+                    arch.tensors(model_config, llm::ExpertLayout::fused)};
   std::error_code ec;
   if (fs::exists(o.out, ec))
     XMOE_CHECK(fs::is_directory(o.out, ec) && fs::is_empty(o.out, ec), "quantize: ", o.out,
@@ -141,18 +155,18 @@ int run_quantize(const QuantizeOptions& o) {
     const SafetensorsFile& f = src.files.at(file);
     std::vector<StreamedTensor> specs;
     for (const auto& e : f.entries())
-      for (auto& spec : output_specs(src, e.name, to)) {
+      for (auto& spec : output_specs(src, plans, e.name, to)) {
         weight_map[spec.name] = file;
         specs.push_back(std::move(spec));
       }
     SafetensorsStreamWriter writer(o.out + "/" + file, specs, {{"format", "pt"}});
     for (const auto& e : f.entries()) {
-      if (is_quantized_linear(e.name, e.shape.size())) {
+      if (const llm::PlannedTensor* planned = plans.quantized(e.name, e)) {
         const std::vector<float> w = to_f32(src, e.name);
         float scale_2 = 0.0f;
         if (to == QuantTarget::nvfp4) {
           scale_2 = kernels::quant::nvfp4_weight_scale_2(w.data(), static_cast<int64_t>(w.size()));
-          const std::string partner = nvfp4_partner(e.name);
+          const std::string& partner = planned->scale_partner;
           if (!partner.empty() && src.file_of.count(partner)) {
             const std::vector<float> pv = to_f32(src, partner);
             scale_2 = std::max(
@@ -179,7 +193,7 @@ int run_quantize(const QuantizeOptions& o) {
     index["weight_map"] = weight_map;
     write_text_file(o.out + "/model.safetensors.index.json", index.dump(2) + "\n");
   }
-  write_quantization_config(to, config, num_layers, o.out);
+  write_quantization_config(to, config, llm::kept_linear_modules(plans.per_expert), o.out);
   write_text_file(o.out + "/config.json", config.dump(2) + "\n");
   copy_side_files(o.in, o.out);
   std::printf("wrote %s: %s, %.3f GB (from %.3f GB) in %zu file(s)\n", o.out.c_str(), quant_target_flag(to),

@@ -85,7 +85,7 @@ Engine::Engine(CausalLM& model, EngineOptions options)
   XMOE_CHECK(options_.max_running > 0 && options_.max_running <= options_.max_step_tokens,
              "engine: max_running must be in [1, max_step_tokens = ", options_.max_step_tokens, "], got ",
              options_.max_running);
-  capacity_tokens_ = cache_.total_blocks() * cache_.block_size();
+  capacity_tokens_ = cache_.max_tokens();
 }
 
 Engine::~Engine() = default;
@@ -162,8 +162,7 @@ std::vector<Engine::ScheduledChunk> Engine::schedule() {
          budget > 0) {
     Sequence& s = *waiting_.front();
     const int64_t len = std::min(s.pending(), budget);
-    const int64_t blocks_needed = (len + cache_.block_size() - 1) / cache_.block_size();
-    if (blocks_needed > cache_.free_blocks()) break;
+    if (cache_.blocks_for(len) > cache_.free_blocks()) break;
     const SequenceId cache_seq = cache_.create_sequence();
     if (!cache_.reserve(cache_seq, len)) {
       cache_.release(cache_seq);

@@ -93,7 +93,7 @@ Service::Service(llm::CausalLM& model, ModelInfo info, ServiceOptions options, S
   XMOE_CHECK(static_cast<bool>(options_.engine.text_stream), "serve: the engine needs a text stream");
   info_.max_seq_len = options_.max_seq_len;
   engine_ = std::make_unique<llm::Engine>(model_, options_.engine);
-  cache_capacity_tokens_ = engine_->kv_cache().total_blocks() * engine_->kv_cache().block_size();
+  cache_capacity_tokens_ = engine_->kv_cache().max_tokens();
   publish_gauges();
   // OpenMP's thread count is a per-thread setting: the driver runs the model's parallel regions, so it takes
   // the count its creator was given (xmoe serve --threads), not the process default.

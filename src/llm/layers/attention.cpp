@@ -9,15 +9,13 @@ namespace xmoe::llm {
 
 void write_kv(KvCache& cache, int layer, SequenceId seq, int64_t start, int64_t n, const float* k,
               const float* v, int64_t ld) {
-  const std::vector<int32_t>& table = cache.block_table(seq);
   const int bs = cache.block_size();
   const int64_t row = static_cast<int64_t>(cache.shape().num_kv_heads) * cache.shape().head_dim;
-  XMOE_CHECK(start + n <= static_cast<int64_t>(table.size()) * bs, "attention: sequence ", seq,
-             " has room for ", table.size() * static_cast<size_t>(bs), " tokens, needs ", start + n,
-             " (reserve first)");
+  XMOE_CHECK(start + n <= cache.capacity(seq), "attention: sequence ", seq, " has room for ",
+             cache.capacity(seq), " tokens, needs ", start + n, " (reserve first)");
   for (int64_t i = 0; i < n; ++i) {
     const int64_t p = start + i;
-    const int32_t block = table[static_cast<size_t>(p / bs)];
+    const int32_t block = cache.block_of(seq, layer, p);
     const int64_t at = (p % bs) * row;
     if (cache.dtype() == DType::f32) {
       std::copy(k + i * ld, k + i * ld + row, static_cast<float*>(cache.key_block(layer, block)) + at);
@@ -32,19 +30,19 @@ void write_kv(KvCache& cache, int layer, SequenceId seq, int64_t start, int64_t 
 
 void attend(const kernels::KernelTable& table, KvCache& cache, int layer, SequenceId seq, int64_t position,
             int head, const AttentionDims& dims, const float* q, float* out, std::vector<float>& scratch) {
-  const std::vector<int32_t>& blocks = cache.block_table(seq);
   const int bs = cache.block_size();
   const int D = dims.head_dim;
   const int g = head / (dims.heads / dims.kv_heads);  // the KV head this query head shares
   const int64_t row = static_cast<int64_t>(dims.kv_heads) * D, n = position + 1;
+  const int64_t first = dims.window > 0 ? std::max<int64_t>(0, n - dims.window) : 0;
   const bool f32 = cache.dtype() == DType::f32;
-  scratch.resize(static_cast<size_t>(n));
-  float* s = scratch.data();
+  scratch.resize(static_cast<size_t>(n - first));
+  float* s = scratch.data() - first;  // s[p] for p in [first, n)
 
-  for (int64_t p0 = 0; p0 < n; p0 += bs) {
-    const int32_t block = blocks[static_cast<size_t>(p0 / bs)];
-    const void* kb = cache.key_block(layer, block);
-    for (int64_t p = p0; p < std::min(n, p0 + bs); ++p) {
+  // Positions run block by block; a block's rows are positions [p0, p0 + bs).
+  for (int64_t p0 = first - first % bs; p0 < n; p0 += bs) {
+    const void* kb = cache.key_block(layer, cache.block_of(seq, layer, p0));
+    for (int64_t p = std::max(p0, first); p < std::min(n, p0 + bs); ++p) {
       const int64_t at = (p - p0) * row + static_cast<int64_t>(g) * D;
       const float dot = f32 ? table.dot_f32(static_cast<const float*>(kb) + at, q, D)
                             : table.dot_bf16_f32(static_cast<const bf16*>(kb) + at, q, D);
@@ -52,15 +50,17 @@ void attend(const kernels::KernelTable& table, KvCache& cache, int layer, Sequen
     }
   }
   float m = -INFINITY;
-  for (int64_t p = 0; p < n; ++p) m = std::max(m, s[p]);
+  for (int64_t p = first; p < n; ++p) m = std::max(m, s[p]);
+  const float sink = dims.sinks ? dims.sinks[head] : 0.0f;
+  if (dims.sinks) m = std::max(m, sink);
   float sum = 0;
-  for (int64_t p = 0; p < n; ++p) sum += (s[p] = std::exp(s[p] - m));
+  for (int64_t p = first; p < n; ++p) sum += (s[p] = std::exp(s[p] - m));
+  if (dims.sinks) sum += std::exp(sink - m);
   const float inv = 1.0f / sum;
   std::fill(out, out + D, 0.0f);
-  for (int64_t p0 = 0; p0 < n; p0 += bs) {
-    const int32_t block = blocks[static_cast<size_t>(p0 / bs)];
-    const void* vb = cache.value_block(layer, block);
-    for (int64_t p = p0; p < std::min(n, p0 + bs); ++p) {
+  for (int64_t p0 = first - first % bs; p0 < n; p0 += bs) {
+    const void* vb = cache.value_block(layer, cache.block_of(seq, layer, p0));
+    for (int64_t p = std::max(p0, first); p < std::min(n, p0 + bs); ++p) {
       const int64_t at = (p - p0) * row + static_cast<int64_t>(g) * D;
       const float w = s[p] * inv;
       if (f32)

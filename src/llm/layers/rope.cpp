@@ -27,11 +27,13 @@ float yarn_mscale(double scale) {
 }  // namespace
 
 Rope::Rope(const ModelConfig& c)
-    : dim_(c.head_dim),
+    : dim_(c.rotary_dim > 0 ? c.rotary_dim : c.head_dim),
+      head_dim_(c.head_dim),
       base_(c.rope_theta),
       scaling_(c.rope_scaling),
       max_position_(c.max_position_embeddings) {
-  XMOE_CHECK(dim_ > 0 && dim_ % 2 == 0, "rope: head_dim must be even and > 0, got ", dim_);
+  XMOE_CHECK(dim_ > 0 && dim_ % 2 == 0 && dim_ <= head_dim_,
+             "rope: the rotary dimension must be even, > 0 and <= head_dim ", head_dim_, ", got ", dim_);
   inv_freq_ = default_inv_freq(base_, dim_);
   if (!scaling_ || scaling_->type == "default") return;
   const RopeScaling& s = *scaling_;
@@ -49,8 +51,8 @@ Rope::Rope(const ModelConfig& c)
       return (d * std::log(static_cast<double>(original) / (rotations * 2 * std::numbers::pi))) /
              (2 * std::log(base_));
     };
-    // transformers' default truncate=True.
-    double low = std::floor(correction_dim(s.beta_fast)), high = std::ceil(correction_dim(s.beta_slow));
+    double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
+    if (s.truncate) low = std::floor(low), high = std::ceil(high);
     low = std::max(low, 0.0), high = std::min(high, d - 1);
     if (low == high) high += 0.001;
     for (int i = 0; i < dim_ / 2; ++i) {
@@ -102,14 +104,15 @@ void Rope::apply(float* x, int heads, int64_t position, int64_t seq_len) const {
   const std::vector<float>& inv = frequencies(seq_len, scratch);
   const int half = dim_ / 2;
   float cos_v[512], sin_v[512];
-  XMOE_CHECK(half <= 512, "rope: head_dim ", dim_, " above the supported 1024");
+  XMOE_CHECK(half <= 512, "rope: rotary dimension ", dim_, " above the supported 1024");
   for (int i = 0; i < half; ++i) {
     const float angle = static_cast<float>(position) * inv[static_cast<size_t>(i)];
     cos_v[i] = static_cast<float>(std::cos(static_cast<double>(angle))) * attention_scaling_;
     sin_v[i] = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_scaling_;
   }
+  // Partial rotary: the leading dim_ values of each head rotate, the rest pass through.
   for (int h = 0; h < heads; ++h) {
-    float* v = x + static_cast<int64_t>(h) * dim_;
+    float* v = x + static_cast<int64_t>(h) * head_dim_;
     for (int i = 0; i < half; ++i) {
       const float a = v[i], b = v[i + half];
       v[i] = a * cos_v[i] - b * sin_v[i];

@@ -2,7 +2,7 @@
 // copied from shared/data/chat-templates/Qwen-Qwen3-0.6B.jinja (via llama.cpp models/templates, MIT).
 #pragma once
 
-namespace xmoe::app {
+namespace xmoe::llm {
 
 inline constexpr const char kQwen3ChatTemplate[] = R"TEMPLATE({%- if tools %}
     {{- '<|im_start|>system\n' }}
@@ -90,4 +90,4 @@ inline constexpr const char kQwen3ChatTemplate[] = R"TEMPLATE({%- if tools %}
     {%- endif %}
 {%- endif %})TEMPLATE";
 
-}  // namespace xmoe::app
+}  // namespace xmoe::llm

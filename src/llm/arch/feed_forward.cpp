@@ -1,0 +1,152 @@
+#include "llm/arch/feed_forward.hpp"
+
+#include <algorithm>
+
+#include "kernels/linear.hpp"
+#include "llm/layers/quantized_views.hpp"
+#include "moe/parallel.hpp"
+#include "moe/routed_experts.hpp"
+#include "util/buffer.hpp"
+#include "xmoe/error.hpp"
+
+namespace xmoe::llm {
+
+namespace {
+
+using kernels::PackedWeight;
+
+class DenseSwiglu final : public FeedForward {
+ public:
+  DenseSwiglu(const kernels::KernelTable& table, PackedWeight gate, PackedWeight up, PackedWeight down)
+      : table_(&table), down_(down) {
+    // gate and up read the same input: one view when the checkpoint holds them back to back.
+    parts_ = {gate, up};
+    if (auto joined = kernels::join_rows(parts_)) parts_ = {*joined};
+  }
+  uint64_t forward(const float* x, int64_t T, float* y) override {
+    const int64_t I = down_.cols;
+    float* gu = gu_.ensure(static_cast<size_t>(T * 2 * I));
+    float* act = act_.ensure(static_cast<size_t>(T * I));
+    int64_t col = 0;
+    for (const PackedWeight& w : parts_) {
+      kernels::linear_forward(*table_, w, x, T, w.cols, gu + col, 2 * I);
+      col += w.rows;
+    }
+    moe::parallel_rows(T, 16, [&](int64_t a, int64_t b) {
+      for (int64_t t = a; t < b; ++t)
+        table_->silu_mul_f32(gu + t * 2 * I, gu + t * 2 * I + I, act + t * I, I);
+    });
+    kernels::linear_forward(*table_, down_, act, T, y);
+    return 0;
+  }
+  size_t fixed_bytes() const override {
+    size_t n = down_.bytes();
+    for (const PackedWeight& w : parts_) n += w.bytes();
+    return n;
+  }
+  size_t per_token_bytes() const override { return 0; }
+
+ private:
+  const kernels::KernelTable* table_;
+  std::vector<PackedWeight> parts_;
+  PackedWeight down_;
+  Buffer<float> gu_, act_;
+};
+
+class SwigluMoe final : public FeedForward {
+ public:
+  SwigluMoe(const kernels::KernelTable& table, PackedWeight router, std::vector<float> router_bias,
+            const LlmRouterConfig& config, std::vector<moe::SwigluWeights> experts)
+      : table_(&table),
+        router_(router),
+        router_bias_(std::move(router_bias)),
+        config_(config),
+        experts_(std::move(experts), table) {}
+
+  uint64_t forward(const float* x, int64_t T, float* y) override {
+    const int E = config_.num_experts, k = config_.top_k;
+    float* logits = logits_.ensure(static_cast<size_t>(T * E));
+    kernels::linear_forward(*table_, router_, x, T, logits);
+    if (!router_bias_.empty())
+      for (int64_t t = 0; t < T; ++t)
+        for (int e = 0; e < E; ++e) logits[t * E + e] += router_bias_[static_cast<size_t>(e)];
+    ids_.resize(static_cast<size_t>(T * k));
+    weights_.resize(static_cast<size_t>(T * k));
+    llm_route(config_, logits, nullptr, T, ids_.data(), weights_.data());
+    chosen_.assign(static_cast<size_t>(E), 0);
+    for (int32_t id : ids_) chosen_[static_cast<size_t>(id)] = 1;
+    const auto n = static_cast<uint64_t>(std::count(chosen_.begin(), chosen_.end(), 1));
+    experts_.forward(x, T, k, ids_.data(), weights_.data(), y);
+    return n * expert_bytes();
+  }
+  size_t fixed_bytes() const override { return router_.bytes() + router_bias_.size() * sizeof(float); }
+  size_t per_token_bytes() const override { return static_cast<size_t>(config_.top_k) * expert_bytes(); }
+
+ private:
+  size_t expert_bytes() const { return experts_.experts().expert(0).bytes(); }
+  const kernels::KernelTable* table_;
+  PackedWeight router_;
+  std::vector<float> router_bias_;
+  LlmRouterConfig config_;
+  moe::RoutedExperts experts_;
+  Buffer<float> logits_;
+  std::vector<int32_t> ids_;
+  std::vector<float> weights_;
+  std::vector<char> chosen_;  // by expert, in the step being run
+};
+
+}  // namespace
+
+std::unique_ptr<FeedForward> load_dense_swiglu(DecoderLoader& loader, const DenseMlpNames& names,
+                                               int64_t hidden, int64_t intermediate) {
+  XMOE_CHECK(intermediate > 0, loader.checkpoint().dir(), "/config.json: intermediate_size must be > 0 for ",
+             names.gate);
+  PackedWeight gate = loader.matrix(names.gate, intermediate, hidden);
+  PackedWeight up = loader.matrix(names.up, intermediate, hidden);
+  PackedWeight down = loader.matrix(names.down, hidden, intermediate);
+  return std::make_unique<DenseSwiglu>(loader.table(), gate, up, down);
+}
+
+std::unique_ptr<FeedForward> load_swiglu_moe(DecoderLoader& loader, const MoeNames& names,
+                                             const LlmRouterConfig& router, int64_t hidden,
+                                             int64_t intermediate, int layer) {
+  const Checkpoint& ckpt = loader.checkpoint();
+  const int E = router.num_experts;
+  const int64_t H = hidden, I = intermediate;
+  XMOE_CHECK(I > 0 && router.top_k >= 1 && router.top_k <= E, ckpt.dir(), "/config.json: ",
+             "MoE layers need moe_intermediate_size > 0 and 1 <= num_experts_per_tok <= num_experts");
+  validate(router);
+  PackedWeight gate = loader.matrix(names.router, E, H);
+  std::vector<float> bias;
+  if (!names.router_bias.empty()) bias = loader.vector(names.router_bias, E);
+  // The experts as views: per-expert tensors, or slices of the fused gate_up [E, 2I, H] (gate rows first,
+  // then up rows) and down [E, H, I].
+  std::vector<moe::SwigluWeights> experts(static_cast<size_t>(E));
+  if (!names.fused_gate_up.empty() && holds_linear(ckpt, names.fused_gate_up)) {
+    const std::vector<PackedWeight> gate_up = loader.weights().stacked(names.fused_gate_up, E, 2 * I, H);
+    const std::vector<PackedWeight> downs = loader.weights().stacked(names.fused_down, E, H, I);
+    for (size_t e = 0; e < experts.size(); ++e) {
+      experts[e].gate = kernels::slice_rows(gate_up[e], 0, I);
+      experts[e].up = kernels::slice_rows(gate_up[e], I, I);
+      experts[e].down = downs[e];
+    }
+    loader.report();
+  } else {
+    for (int e = 0; e < E; ++e) {
+      moe::SwigluWeights& w = experts[static_cast<size_t>(e)];
+      w.gate = loader.matrix(names.expert(e, "gate_proj"), I, H);
+      w.up = loader.matrix(names.expert(e, "up_proj"), I, H);
+      w.down = loader.matrix(names.expert(e, "down_proj"), H, I);
+    }
+  }
+  for (int e = 0; e < E; ++e) {
+    const moe::SwigluWeights& w = experts[static_cast<size_t>(e)];
+    XMOE_CHECK(w.gate.global_scale == w.up.global_scale, "checkpoint ", ckpt.dir(), ": layer ", layer,
+               " expert ", e, ": gate_proj and up_proj have different global scales (", w.gate.global_scale,
+               " and ", w.up.global_scale,
+               "); NVFP4 requires one shared weight_scale_2 / weight_global_scale");
+  }
+  return std::make_unique<SwigluMoe>(loader.table(), gate, std::move(bias), router, std::move(experts));
+}
+
+}  // namespace xmoe::llm
