@@ -6,9 +6,18 @@
 // transformers on the dequantised experts.
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli_runner.hpp"
 #include "kernels/cpu_features.hpp"
 #include "llm/arch/architecture.hpp"
+#include "llm/chat_setup.hpp"
 #include "model_oracle.hpp"
+#include "xmoe/tokenizer.hpp"
 
 namespace xmoe::llm::test {
 namespace {
@@ -96,6 +105,40 @@ TEST(GptOss, LowerKernelLevelsAgreeWithTheBest) {
     for (size_t r = 0; r < a.prefill.size() / V; ++r)
       EXPECT_LT(row_error(a.prefill.data() + r * V, b.prefill.data() + r * V, V), 1e-5) << isa;
   }
+}
+
+// init-model writes a gpt-oss checkpoint through the architecture's name map (experts in transformers'
+// [E, H, 2I] / [E, I, H] layout) with an o200k-style tokenizer carrying harmony's special tokens and the
+// harmony template; xmoe loads and runs it. (transformers loads such a directory too: checked by hand with
+// AutoModelForCausalLM / AutoTokenizer.)
+TEST(GptOss, InitModelWritesALoadableCheckpointWithHarmonyTokenizer) {
+  char tmpl[] = "/tmp/xmoe_gpt_oss_XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(kModels + "/gpt-oss-bf16/config.json"));
+  cfg["vocab_size"] = 600;  // room for the byte-level tokenizer
+  cfg.erase("eos_token_id");
+  cfg.erase("pad_token_id");
+  std::ofstream(dir + "/config.json") << cfg.dump(1);
+  const auto r = testing_cli::run_cli("init-model --config " + dir + "/config.json --out " + dir + "/m");
+  ASSERT_EQ(r.code, 0) << r.output;
+  Loaded l = load(dir + "/m", DType::f32);
+  const ModelRun run = run_alone(*l.model, {5, 6, 7, 8, 9, 10, 11, 12}, 2);
+  EXPECT_EQ(run.greedy.size(), 2u);
+  const Tokenizer tok = Tokenizer::from_file(dir + "/m/tokenizer.json");
+  for (const char* special :
+       {"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"}) {
+    const auto id = tok.token_to_id(special);
+    ASSERT_TRUE(id.has_value()) << special;
+    EXPECT_EQ(tok.encode(std::string("a") + special + "b", false).size(), 3u) << special;
+  }
+  const ChatSetup setup = load_chat_setup(dir + "/m", l.model->config(), &tok);
+  ASSERT_TRUE(setup.chat_template.has_value());
+  ChatPromptOptions chat;
+  chat.user = "Hi";
+  EXPECT_TRUE(
+      render_chat_prompt(setup, chat).ends_with("<|start|>user<|message|>Hi<|end|><|start|>assistant"));
+  EXPECT_EQ(setup.eos_token_ids.size(), 3u);  // <|return|>, <|endoftext|>, <|call|>
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
