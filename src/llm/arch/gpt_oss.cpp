@@ -269,9 +269,9 @@ class GptOss final : public Architecture {
       t.push_back(random_tensor(m.router_bias, {E}));
       // The experts as transformers holds them (x @ W): [E, H, 2I] with gate/up columns interleaved, [E, I,
       // H].
-      t.push_back(random_tensor(m.gate_up, {E, H, 2 * I}));
+      t.push_back(random_tensor(m.gate_up, {E, H, 2 * I}, TensorRole::mxfp4_experts));
       t.push_back(constant_tensor(m.gate_up_bias, {E, 2 * I}, TensorInit::zeros));
-      t.push_back(random_tensor(m.down, {E, I, H}));
+      t.push_back(random_tensor(m.down, {E, I, H}, TensorRole::mxfp4_experts));
       t.push_back(constant_tensor(m.down_bias, {E, H}, TensorInit::zeros));
     }
     t.push_back(constant_tensor(Names::kFinalNorm, {H}, TensorInit::ones));
