@@ -110,7 +110,8 @@ TEST(GptOss, LowerKernelLevelsAgreeWithTheBest) {
 // init-model writes a gpt-oss checkpoint through the architecture's name map (experts in transformers'
 // [E, H, 2I] / [E, I, H] layout) with an o200k-style tokenizer carrying harmony's special tokens and the
 // harmony template; xmoe loads and runs it. (transformers loads such a directory too: checked by hand with
-// AutoModelForCausalLM / AutoTokenizer.)
+// AutoModelForCausalLM / AutoTokenizer, and the MXFP4 one by Mxfp4Config(dequantize=True) with xmoe's greedy
+// ids.)
 TEST(GptOss, InitModelWritesALoadableCheckpointWithHarmonyTokenizer) {
   char tmpl[] = "/tmp/xmoe_gpt_oss_XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
@@ -124,6 +125,20 @@ TEST(GptOss, InitModelWritesALoadableCheckpointWithHarmonyTokenizer) {
   Loaded l = load(dir + "/m", DType::f32);
   const ModelRun run = run_alone(*l.model, {5, 6, 7, 8, 9, 10, 11, 12}, 2);
   EXPECT_EQ(run.greedy.size(), 2u);
+  // MXFP4 as published: experts as *_blocks/*_scales, quant_method mxfp4, attention/router/lm_head kept.
+  const auto q =
+      testing_cli::run_cli("init-model --config " + dir + "/config.json --out " + dir + "/q --quant mxfp4");
+  ASSERT_EQ(q.code, 0) << q.output;
+  Loaded lq = load(dir + "/q", DType::f32);
+  EXPECT_TRUE(lq.ckpt.contains("model.layers.0.mlp.experts.gate_up_proj_blocks"));
+  EXPECT_TRUE(lq.ckpt.contains("model.layers.3.mlp.experts.down_proj_scales"));
+  EXPECT_FALSE(lq.ckpt.contains("model.layers.0.mlp.experts.gate_up_proj"));
+  EXPECT_EQ(lq.ckpt.quantization().scheme, QuantScheme::mxfp4);
+  EXPECT_EQ(run_alone(*lq.model, {5, 6, 7, 8, 9, 10, 11, 12}, 2).greedy.size(), 2u);
+  const auto bad = testing_cli::run_cli("init-model --config " + dir + "/config.json --out " + dir +
+                                        "/f --quant fp8-block");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.output.find("published as MXFP4 only"), std::string::npos) << bad.output;
   const Tokenizer tok = Tokenizer::from_file(dir + "/m/tokenizer.json");
   for (const char* special :
        {"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"}) {
