@@ -17,6 +17,7 @@
 #include "llm/model_bundle.hpp"
 #include "prefill_flops.hpp"
 #include "process_memory.hpp"
+#include "serve/output_parser.hpp"
 #include "xmoe/error.hpp"
 #include "xmoe/tokenizer.hpp"
 
@@ -41,6 +42,8 @@ CLI::App* add_generate_subcommand(CLI::App& app, GenerateOptions& o) {
   cmd->add_flag("--chat", o.chat, "apply the checkpoint's chat template to --prompt (as the user message)");
   o.system_opt = cmd->add_option("--system", o.system, "system message (with --chat)");
   cmd->add_flag("--no-think", o.no_think, "chat template with enable_thinking=false");
+  cmd->add_flag("--show-reasoning", o.show_reasoning,
+                "with --chat: also print the model's reasoning (thinking / harmony analysis), on stderr");
   cmd->add_option("--max-tokens", o.max_tokens, "tokens to generate at most")
       ->check(positive)
       ->capture_default_str();
@@ -174,8 +177,8 @@ int run_generate(const GenerateOptions& o) {
   const int sequences = o.batch_opt->count() ? o.batch : static_cast<int>(prompt_count);
   XMOE_CHECK(static_cast<size_t>(sequences) >= prompt_count, "generate: --batch ", o.batch,
              " is fewer sequences than the ", prompt_count, " prompts given");
-  XMOE_CHECK(o.chat || (o.system_opt->count() == 0 && !o.no_think),
-             "generate: --system and --no-think need --chat");
+  XMOE_CHECK(o.chat || (o.system_opt->count() == 0 && !o.no_think && !o.show_reasoning),
+             "generate: --system, --no-think and --show-reasoning need --chat");
   if (o.threads > 0) omp_set_num_threads(o.threads);
 
   const auto load_start = std::chrono::steady_clock::now();
@@ -224,7 +227,36 @@ int run_generate(const GenerateOptions& o) {
   engine_options.max_step_tokens = std::max<int64_t>(o.prefill_chunk, sequences);
   engine_options.max_running = sequences;
   engine_options.eos_token_ids = setup.eos_token_ids;
-  if (tokenizer) engine_options.text_stream = llm::tokenizer_text_stream(*tokenizer);
+  // A chat's output goes through the template's output parser (one per sequence): the answer on stdout, the
+  // reasoning on stderr with --show-reasoning (harmony's channel markup is made of special tokens, which the
+  // parser must see).
+  const serve::OutputFormat format =
+      o.chat ? serve::detect_output_format(setup, checkpoint.config()) : serve::OutputFormat::plain;
+  const auto make_parser = [&]() -> std::unique_ptr<serve::OutputParser> {
+    if (!o.chat) return nullptr;
+    serve::OutputParserOptions parser_options;
+    parser_options.parse_tools = false;
+    return serve::make_output_parser(format, parser_options);
+  };
+  std::vector<serve::OutputEvent> events;
+  const auto print_text = [&](serve::OutputParser* parser, std::string_view text, bool last) {
+    if (!parser) {
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      return;
+    }
+    parser->push(text, events);
+    if (last) parser->finish(events);
+    for (const serve::OutputEvent& e : events) {
+      if (e.kind == serve::OutputEvent::Kind::text) std::fwrite(e.text.data(), 1, e.text.size(), stdout);
+      if (e.kind == serve::OutputEvent::Kind::thinking && o.show_reasoning)
+        std::fwrite(e.text.data(), 1, e.text.size(), stderr);
+    }
+    events.clear();
+  };
+  std::unique_ptr<serve::OutputParser> stream_parser = make_parser();
+  if (tokenizer)
+    engine_options.text_stream =
+        llm::tokenizer_text_stream(*tokenizer, !(o.chat && format == serve::OutputFormat::harmony));
   // Sequence i: prompt i mod the number of prompts, seed + i.
   const auto make_request = [&](int i) {
     llm::GenerationRequest request;
@@ -257,9 +289,9 @@ int run_generate(const GenerateOptions& o) {
     prompt_tokens += static_cast<int64_t>(request.prompt.size());
     flops += prefill_flops(checkpoint.config(), static_cast<int64_t>(request.prompt.size()));
     if (sequences == 1 && !o.no_stream) {
-      request.on_delta = [&tokenizer](const llm::StreamDelta& d) {
+      request.on_delta = [&tokenizer, &print_text, &stream_parser](const llm::StreamDelta& d) {
         if (tokenizer) {
-          std::fwrite(d.text.data(), 1, d.text.size(), stdout);
+          print_text(stream_parser.get(), d.text, d.finish != llm::FinishReason::none);
         } else {
           for (int32_t t : d.token_ids) std::printf("%d ", t);
         }
@@ -279,9 +311,10 @@ int run_generate(const GenerateOptions& o) {
   std::vector<llm::GenerationResult> results;
   for (llm::RequestId id : ids) results.push_back(engine.take_result(id));
   const llm::GenerationResult& first = results.front();
-  const auto print_output = [&tokenizer](const llm::GenerationResult& r) {
+  const auto print_output = [&](const llm::GenerationResult& r) {
     if (tokenizer) {
-      std::fwrite(r.text.data(), 1, r.text.size(), stdout);
+      std::unique_ptr<serve::OutputParser> parser = make_parser();
+      print_text(parser.get(), r.text, true);
     } else {
       for (int32_t t : r.token_ids) std::printf("%d ", t);
     }

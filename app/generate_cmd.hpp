@@ -19,6 +19,7 @@ struct GenerateOptions {
   bool chat = false;
   std::string system;
   bool no_think = false;
+  bool show_reasoning = false;
   int64_t max_tokens = 128;
   double temperature = 1.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;
   double presence_penalty = 0.0, frequency_penalty = 0.0;

@@ -130,7 +130,9 @@ int run_serve(const ServeOptions& o) {
   service_options.engine.max_running = o.max_batch;
   service_options.engine.max_step_tokens = std::max<int64_t>(o.prefill_chunk, o.max_batch);
   service_options.engine.eos_token_ids = bundle.chat.eos_token_ids;
-  service_options.engine.text_stream = llm::tokenizer_text_stream(tokenizer);
+  // harmony's channel markup is made of special tokens, which its output parser must see
+  service_options.engine.text_stream =
+      llm::tokenizer_text_stream(tokenizer, info.output_format != serve::OutputFormat::harmony);
   serve::ServerMetrics metrics;
   serve::Service service(*bundle.model, info, service_options, &metrics);
 

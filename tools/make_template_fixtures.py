@@ -12,6 +12,7 @@ Outputs: tests/data/chat_templates/<name>.jinja (a verbatim copy) and <name>.jso
 import copy
 import datetime
 import json
+import os
 import pathlib
 import shutil
 import sys
@@ -21,7 +22,8 @@ import transformers
 from transformers.utils import chat_template_utils as ctu
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SOURCE_DIR = ROOT.parent / "shared" / "data" / "chat-templates"
+# The shared folder next to the checkout (/work/main -> /work/shared); XMOE_SHARED_DIR overrides it (worktrees).
+SOURCE_DIR = pathlib.Path(os.environ.get("XMOE_SHARED_DIR", ROOT.parent / "shared")) / "data" / "chat-templates"
 OUT_DIR = ROOT / "tests" / "data" / "chat_templates"
 
 # strftime_now is monkeypatched to this instant so the expected text does not depend on the day it was made;
@@ -298,6 +300,13 @@ EXTRA_FLAGS = (
 EXTRA_FLAG_CONVERSATIONS = {"tools_dict_arguments", "reasoning_content", "multimodal_parts", "developer_thinking_named"}
 
 
+def template_conversations():
+    """Conversations one template branches on beyond the generic ones: {template: module with conversations()
+    and flag_sets} (gpt-oss's harmony: tools/harmony_template_cases.py)."""
+    import harmony_template_cases
+    return {"openai-gpt-oss-120b": harmony_template_cases}
+
+
 def compile_template(source):
     template = ctu._compile_jinja_template(source)
     # Same environment, only strftime_now pinned (the global is looked up at render time).
@@ -317,14 +326,19 @@ def context_for(messages, tools, flags, template_name):
 
 
 def main():
+    global TEMPLATE_CONVERSATIONS
+    TEMPLATE_CONVERSATIONS = template_conversations()
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     for name in TEMPLATES:
         source_path = SOURCE_DIR / f"{name}.jinja"
         shutil.copyfile(source_path, OUT_DIR / f"{name}.jinja")
         template = compile_template(source_path.read_text(encoding="utf-8"))
         cases = []
-        for conv_name, messages, tools in conversations():
-            flag_sets = FLAG_SETS + ([EXTRA_FLAGS] if conv_name in EXTRA_FLAG_CONVERSATIONS else [])
+        extra = TEMPLATE_CONVERSATIONS.get(name)
+        runs = [(c, m, t, FLAG_SETS + ([EXTRA_FLAGS] if c in EXTRA_FLAG_CONVERSATIONS else []))
+                for c, m, t in conversations()]
+        runs += [(c, m, t, extra.flag_sets) for c, m, t in extra.conversations()] if extra else []
+        for conv_name, messages, tools, flag_sets in runs:
             for flag_name, flags in flag_sets:
                 context = context_for(messages, tools, flags, name)
                 case = {"name": f"{conv_name}/{flag_name}", "context": context}

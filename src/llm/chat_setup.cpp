@@ -143,7 +143,7 @@ namespace {
 
 class TokenizerTextStream final : public TextStream {
  public:
-  explicit TokenizerTextStream(const Tokenizer& t) : decoder_(t, /*skip_special_tokens=*/true) {}
+  TokenizerTextStream(const Tokenizer& t, bool skip_special_tokens) : decoder_(t, skip_special_tokens) {}
   std::string push(int32_t token) override { return decoder_.push(token); }
   std::string flush() override { return decoder_.flush(); }
 
@@ -153,8 +153,10 @@ class TokenizerTextStream final : public TextStream {
 
 }  // namespace
 
-TextStreamFactory tokenizer_text_stream(const Tokenizer& tokenizer) {
-  return [&tokenizer] { return std::make_unique<TokenizerTextStream>(tokenizer); };
+TextStreamFactory tokenizer_text_stream(const Tokenizer& tokenizer, bool skip_special_tokens) {
+  return [&tokenizer, skip_special_tokens] {
+    return std::make_unique<TokenizerTextStream>(tokenizer, skip_special_tokens);
+  };
 }
 
 }  // namespace xmoe::llm

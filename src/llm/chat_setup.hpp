@@ -48,6 +48,8 @@ void apply_generation_defaults(const ChatSetup& setup, SamplingParams& params);
 
 // An engine TextStream over the tokenizer's UTF-8-safe StreamDecoder (special tokens skipped, as vLLM's
 // default skip_special_tokens does).
-TextStreamFactory tokenizer_text_stream(const Tokenizer& tokenizer);
+// skip_special_tokens false keeps markup that is made of special tokens (gpt-oss's harmony <|channel|> …) for
+// the output parser to read.
+TextStreamFactory tokenizer_text_stream(const Tokenizer& tokenizer, bool skip_special_tokens = true);
 
 }  // namespace xmoe::llm

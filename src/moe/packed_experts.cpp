@@ -6,31 +6,59 @@
 
 namespace xmoe::moe {
 
+namespace {
+
+bool has_shape(const kernels::PackedWeight& w, int64_t rows, int64_t cols) {
+  return w.rows == rows && w.cols == cols;
+}
+
+}  // namespace
+
 PackedSwigluExperts::PackedSwigluExperts(std::vector<SwigluWeights> experts,
-                                         const kernels::KernelTable& table)
-    : table_(&table), experts_(std::move(experts)) {
+                                         const kernels::KernelTable& table,
+                                         const ExpertDescriptor& descriptor)
+    : table_(&table), descriptor_(descriptor), experts_(std::move(experts)) {
   XMOE_CHECK(!experts_.empty(), "packed experts: no experts");
-  model_dim_ = experts_[0].gate.cols;
-  hidden_ = experts_[0].gate.rows;
+  const bool interleaved = descriptor_.gate_up_layout == GateUpLayout::interleaved;
+  model_dim_ = experts_[0].down.rows;
+  hidden_ = experts_[0].down.cols;
   for (size_t e = 0; e < experts_.size(); ++e) {
     const SwigluWeights& w = experts_[e];
-    XMOE_CHECK(w.gate.rows == hidden_ && w.gate.cols == model_dim_ && w.up.rows == hidden_ &&
-                   w.up.cols == model_dim_ && w.down.rows == model_dim_ && w.down.cols == hidden_,
-               "packed experts: expert ", e, " has gate [", w.gate.rows, ", ", w.gate.cols, "], up [",
-               w.up.rows, ", ", w.up.cols, "], down [", w.down.rows, ", ", w.down.cols,
-               "]; expected gate and up [", hidden_, ", ", model_dim_, "], down [", model_dim_, ", ", hidden_,
-               "]");
-    const kernels::PackedWeight parts[] = {w.gate, w.up};
-    const auto joined = kernels::join_rows(parts);
-    joined_.push_back(joined ? 1 : 0);
-    gate_up_.push_back(joined ? *joined : kernels::PackedWeight{});
+    const int64_t M = model_dim_, I = hidden_;
+    XMOE_CHECK(has_shape(w.down, M, I), "packed experts: expert ", e, " has down [", w.down.rows, ", ",
+               w.down.cols, "], expected [", M, ", ", I, "] like expert 0");
+    if (interleaved) {
+      XMOE_CHECK(has_shape(w.gate_up, 2 * I, M) && w.gate.rows == 0 && w.up.rows == 0,
+                 "packed experts: expert ", e, " (", descriptor_.describe(), ") needs one gate_up [", 2 * I,
+                 ", ", M, "], got gate_up [", w.gate_up.rows, ", ", w.gate_up.cols, "] and gate/up with ",
+                 w.gate.rows, "/", w.up.rows, " rows");
+      gate_up_.push_back(w.gate_up);
+      joined_.push_back(1);
+    } else {
+      XMOE_CHECK(has_shape(w.gate, I, M) && has_shape(w.up, I, M) && w.gate_up.rows == 0,
+                 "packed experts: expert ", e, " has gate [", w.gate.rows, ", ", w.gate.cols, "], up [",
+                 w.up.rows, ", ", w.up.cols, "]; expected gate and up [", I, ", ", M, "] (down [", M, ", ", I,
+                 "])");
+      const kernels::PackedWeight parts[] = {w.gate, w.up};
+      const auto joined = kernels::join_rows(parts);
+      joined_.push_back(joined ? 1 : 0);
+      gate_up_.push_back(joined ? *joined : kernels::PackedWeight{});
+    }
+    XMOE_CHECK(w.gate_up_bias.size() == (descriptor_.gate_up_bias ? static_cast<size_t>(2 * I) : 0) &&
+                   w.down_bias.size() == (descriptor_.down_bias ? static_cast<size_t>(M) : 0),
+               "packed experts: expert ", e, " has a gate_up bias of ", w.gate_up_bias.size(),
+               " and a down bias of ", w.down_bias.size(), " values; ", descriptor_.describe(), " needs ",
+               descriptor_.gate_up_bias ? 2 * I : 0, " and ", descriptor_.down_bias ? M : 0);
   }
 }
 
 void PackedSwigluExperts::forward_rows(const float* x, std::span<const ExpertRange> ranges, int64_t R,
                                        float* y) {
   const int64_t M = model_dim_, I = hidden_;
-  // Gate and up outputs side by side: row i holds gate [0, I) then up [I, 2I).
+  // plain SwiGLU over gate-then-up rows keeps the kernel table's vector silu_mul (Qwen3's bits)
+  const bool table_silu = descriptor_.activation == GatedActivation::swiglu &&
+                          descriptor_.gate_up_layout == GateUpLayout::separate;
+  // Gate and up outputs side by side, in the weight's row order (separate: gate [0, I) then up [I, 2I)).
   float* gu = gu_.ensure(static_cast<size_t>(R * 2 * I));
   float* act = act_.ensure(static_cast<size_t>(R * I));
   for (const ExpertRange& rg : ranges) {
@@ -49,10 +77,23 @@ void PackedSwigluExperts::forward_rows(const float* x, std::span<const ExpertRan
       kernels::linear_forward(*table_, w.up, xe, r, M, g + I, 2 * I);
     }
     parallel_rows(r, 16, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i)
-        table_->silu_mul_f32(g + i * 2 * I, g + i * 2 * I + I, act + (r0 + i) * I, I);
+      for (int64_t i = i0; i < i1; ++i) {
+        float* row = g + i * 2 * I;
+        if (!w.gate_up_bias.empty())
+          for (int64_t j = 0; j < 2 * I; ++j) row[j] += w.gate_up_bias[static_cast<size_t>(j)];
+        if (table_silu)
+          table_->silu_mul_f32(row, row + I, act + (r0 + i) * I, I);
+        else
+          gated_activation_row(descriptor_, row, act + (r0 + i) * I, I);
+      }
     });
-    kernels::linear_forward(*table_, w.down, act + r0 * I, r, I, y + r0 * M, M);
+    float* ye = y + r0 * M;
+    kernels::linear_forward(*table_, w.down, act + r0 * I, r, I, ye, M);
+    if (!w.down_bias.empty())
+      parallel_rows(r, 16, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i)
+          for (int64_t j = 0; j < M; ++j) ye[i * M + j] += w.down_bias[static_cast<size_t>(j)];
+      });
   }
 }
 

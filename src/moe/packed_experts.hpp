@@ -1,32 +1,45 @@
 // Inference experts over weights in any format, as views (an LLM's MoE block: the bytes stay in the mapped
-// checkpoint). SwiGLU, y = down · (silu(gate · x) ⊙ (up · x)), each product through the kernel table's
-// linear kernel for the weight's format, activations in f32. The training layer's experts (experts.hpp)
-// own stacked parameters and gradients; these own nothing but scratch.
+// checkpoint). Gated experts, y = down · act(gate · x + b_gate, up · x + b_up) + b_down, each product through
+// the kernel table's linear kernel for the weight's format, activations in f32; the activation, the gate/up
+// row layout and the biases come from an ExpertDescriptor (Qwen3's plain SwiGLU by default, gpt-oss's clamped
+// SwiGLU over interleaved rows with biases). The training layer's experts (experts.hpp) own stacked
+// parameters and gradients; these own nothing but scratch and the biases (small, widened to f32).
 #pragma once
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "kernels/kernels.hpp"
+#include "moe/expert_descriptor.hpp"
 #include "moe/experts.hpp"
 #include "util/buffer.hpp"
 
 namespace xmoe::moe {
 
-// One expert's weights: gate and up [hidden, model_dim], down [model_dim, hidden].
+// One expert's weights. Separate layout: gate and up [hidden, model_dim]. Interleaved layout: gate_up
+// [2·hidden, model_dim] with gate rows even and up rows odd. down [model_dim, hidden] either way. Biases
+// (when the descriptor has them): gate_up_bias [2·hidden] in the gate/up row order (separate: gate then up),
+// down_bias [model_dim].
 struct SwigluWeights {
-  kernels::PackedWeight gate, up, down;
-  size_t bytes() const { return gate.bytes() + up.bytes() + down.bytes(); }
+  kernels::PackedWeight gate, up, gate_up, down;
+  std::vector<float> gate_up_bias, down_bias;
+  size_t bytes() const {
+    return gate.bytes() + up.bytes() + gate_up.bytes() + down.bytes() +
+           (gate_up_bias.size() + down_bias.size()) * sizeof(float);
+  }
 };
 
 class PackedSwigluExperts {
  public:
-  // Throws naming the expert when the shapes disagree (all experts share model_dim and hidden).
-  PackedSwigluExperts(std::vector<SwigluWeights> experts, const kernels::KernelTable& table);
+  // Throws naming the expert when the shapes disagree with each other or with the descriptor (all experts
+  // share model_dim and hidden).
+  PackedSwigluExperts(std::vector<SwigluWeights> experts, const kernels::KernelTable& table,
+                      const ExpertDescriptor& descriptor = {});
 
   int num_experts() const { return static_cast<int>(experts_.size()); }
   int64_t model_dim() const { return model_dim_; }
   int64_t hidden() const { return hidden_; }
+  const ExpertDescriptor& descriptor() const { return descriptor_; }
   const SwigluWeights& expert(int e) const { return experts_[static_cast<size_t>(e)]; }
 
   // Rows [begin, end) of x [total_rows, model_dim] go to expert `expert`; y [total_rows, model_dim]. A row's
@@ -35,9 +48,10 @@ class PackedSwigluExperts {
 
  private:
   const kernels::KernelTable* table_;
+  ExpertDescriptor descriptor_;
   std::vector<SwigluWeights> experts_;
-  std::vector<kernels::PackedWeight> gate_up_;  // gate and up joined, where they lie back to back
-  std::vector<char> joined_;                    // by expert: gate_up_ holds its joined view
+  std::vector<kernels::PackedWeight> gate_up_;  // one view of gate and up per expert, where one exists
+  std::vector<char> joined_;                    // by expert: gate_up_ holds its view
   int64_t model_dim_ = 0, hidden_ = 0;
   Buffer<float> gu_, act_;
 };

@@ -7,8 +7,9 @@
 
 namespace xmoe::moe {
 
-RoutedExperts::RoutedExperts(std::vector<SwigluWeights> experts, const kernels::KernelTable& table)
-    : table_(&table), experts_(std::move(experts), table) {}
+RoutedExperts::RoutedExperts(std::vector<SwigluWeights> experts, const kernels::KernelTable& table,
+                             const ExpertDescriptor& descriptor)
+    : table_(&table), experts_(std::move(experts), table, descriptor) {}
 
 void RoutedExperts::forward(const float* x, int64_t T, int k, const int32_t* ids, const float* weights,
                             float* y) {

@@ -1,8 +1,8 @@
 // The MoE layer's dispatch → experts → combine with routing decided outside (an LLM router such as
 // xmoe::llm_route), run the grouped dropless way in eval mode: Tutel's locations, capacity 0 (= the largest
 // expert count, so nothing drops), the grouped row plan, SwiGLU experts over weight views in any format
-// (packed_experts.hpp), and a combine weighted by the given top-k weights (postscore). This is the entry
-// point the LLM models run their MoE blocks through. Activations are f32.
+// (packed_experts.hpp) of any ExpertDescriptor, and a combine weighted by the given top-k weights
+// (postscore). This is the entry point the LLM models run their MoE blocks through. Activations are f32.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -15,7 +15,8 @@ namespace xmoe::moe {
 
 class RoutedExperts {
  public:
-  RoutedExperts(std::vector<SwigluWeights> experts, const kernels::KernelTable& table);
+  RoutedExperts(std::vector<SwigluWeights> experts, const kernels::KernelTable& table,
+                const ExpertDescriptor& descriptor = {});
 
   const PackedSwigluExperts& experts() const { return experts_; }
 

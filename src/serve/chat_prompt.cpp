@@ -85,6 +85,10 @@ std::string forced_tool_prefix(OutputFormat format, const ChatRequest& request) 
     case OutputFormat::qwen3_coder:
       if (names.size() == 1) return "<tool_call>\n<function=" + names[0] + ">\n";
       return "<tool_call>\n<function=";
+    case OutputFormat::harmony:
+      if (names.size() == 1)
+        return "<|channel|>commentary to=functions." + names[0] + " <|constrain|>json<|message|>";
+      return "<|channel|>commentary to=functions.";
     case OutputFormat::plain:
       break;
   }

@@ -224,6 +224,11 @@ ChatRequest parse_openai_chat_request(const ojson& body, const ModelInfo& info) 
     r.chat_template_kwargs = *kw;
     if (auto t = adapter::opt_bool(*kw, "enable_thinking", "chat_template_kwargs")) r.enable_thinking = *t;
   }
+  // Templates that take the effort itself (gpt-oss's "Reasoning: low|medium|high") get it as a keyword too,
+  // unless chat_template_kwargs sets one.
+  if (auto effort = adapter::opt_string(body, "reasoning_effort", "");
+      effort && r.enable_thinking.value_or(false) && !r.chat_template_kwargs.contains("reasoning_effort"))
+    r.chat_template_kwargs["reasoning_effort"] = *effort;
   return r;
 }
 

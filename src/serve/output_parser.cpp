@@ -30,6 +30,8 @@ std::unique_ptr<OutputParser> make_output_parser(OutputFormat format, const Outp
       return make_qwen3_output_parser(options);
     case OutputFormat::qwen3_coder:
       return make_qwen3_coder_output_parser(options);
+    case OutputFormat::harmony:
+      return make_harmony_output_parser(options);
     case OutputFormat::plain:
       break;
   }

@@ -46,9 +46,10 @@ class OutputParser {
   virtual void finish(std::vector<OutputEvent>& out) = 0;
 };
 
-enum class OutputFormat { plain, qwen3, qwen3_coder };
+enum class OutputFormat { plain, qwen3, qwen3_coder, harmony };
 const char* output_format_name(OutputFormat f);
-// From the chat template (Qwen3-Coder's <function=…> tool calls, Qwen3's <tool_call> JSON), else plain.
+// From the chat template (Qwen3-Coder's <function=…> tool calls, Qwen3's <tool_call> JSON, gpt-oss's harmony
+// channels), else plain.
 OutputFormat detect_output_format(const llm::ChatSetup& setup, const llm::ModelConfig& config);
 // The same from the chat template alone (what render_chat_prompt needs to open a forced tool call).
 OutputFormat output_format_of_template(const llm::ChatSetup& setup);

@@ -9,5 +9,6 @@ namespace xmoe::serve {
 std::unique_ptr<OutputParser> make_plain_output_parser(const OutputParserOptions& options);
 std::unique_ptr<OutputParser> make_qwen3_output_parser(const OutputParserOptions& options);
 std::unique_ptr<OutputParser> make_qwen3_coder_output_parser(const OutputParserOptions& options);
+std::unique_ptr<OutputParser> make_harmony_output_parser(const OutputParserOptions& options);
 
 }  // namespace xmoe::serve

@@ -167,7 +167,7 @@ INSTANTIATE_TEST_SUITE_P(
                       "variant-split-mergedwithnext-invert", "variant-split-contiguous",
                       "variant-split-contiguous-invert", "variant-byte-fallback", "variant-unk",
                       "variant-unk-nofuse", "variant-subword-affixes", "gpt2", "deepseek-llm",
-                      "deepseek-coder", "qwen2", "deepseek-v4"),
+                      "deepseek-coder", "qwen2", "deepseek-v4", "o200k-harmony"),
     [](const auto& info) {
       std::string name = info.param;
       for (char& c : name)

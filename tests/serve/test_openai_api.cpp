@@ -432,6 +432,36 @@ TEST(OpenAICompletions, TextAndTokenPrompts) {
   expect_error(openai_completions(R"({})", b), 400, "invalid_request_error", "prompt");
 }
 
+// gpt-oss: the harmony template gets reasoning_effort; its channels come back as reasoning, content and tool
+// calls.
+TEST(OpenAIChat, HarmonyReasoningEffortChannelsAndToolCall) {
+  ScriptedBackend b("openai-gpt-oss-120b.jinja");
+  EXPECT_EQ(b.info().output_format, OutputFormat::harmony);
+  b.scripts = {Script{{"<|channel|>analysis<|message|>hm, ", "a greeting<|end|><|start|>assistant<|channel|>",
+                       "final<|message|>Hello", " world"}}};
+  ApiResponse r = openai_chat_completions(
+      R"({"messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": "low"})", b);
+  ASSERT_EQ(r.status, 200) << r.body;
+  json c = json::parse(r.body)["choices"][0];
+  EXPECT_EQ(c["message"]["content"], "Hello world");
+  EXPECT_EQ(c["message"]["reasoning_content"], "hm, a greeting");
+  EXPECT_NE(prompt_text(b).find("\nReasoning: low\n"), std::string::npos) << prompt_text(b);
+  EXPECT_TRUE(prompt_text(b).ends_with("<|start|>user<|message|>Hi<|end|><|start|>assistant"));
+
+  b.scripts = {
+      Script{{"<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary ",
+              "to=functions.get_weather <|constrain|>json<|message|>{\"location\": ", "\"Paris\"}"}}};
+  r = openai_chat_completions(std::string(kToolRequest) + "}", b);
+  ASSERT_EQ(r.status, 200) << r.body;
+  c = json::parse(r.body)["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
+  EXPECT_EQ(c["message"]["reasoning_content"], "Need weather.");
+  EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(c["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            json({{"location", "Paris"}}));
+  EXPECT_NE(prompt_text(b).find("type get_weather = (_: {"), std::string::npos) << prompt_text(b);
+}
+
 TEST(OpenAIModels, ListsTheServedModel) {
   ScriptedBackend b;
   const json j = json::parse(openai_models(b).body);

@@ -297,3 +297,93 @@ TEST(JsonPrefix, RefusesInvalidText) {
 
 }  // namespace
 }  // namespace xmoe::serve
+
+namespace xmoe::serve {
+namespace {
+
+// gpt-oss's harmony: what the model writes after the prompt's "<|start|>assistant" (the markers are special
+// tokens, kept in the text stream for this format).
+TEST(HarmonyParser, AnalysisThenFinal) {
+  check_every_split(OutputFormat::harmony, with_tools(),
+                    "<|channel|>analysis<|message|>User asks 2+2. Simple: 4.<|end|><|start|>assistant"
+                    "<|channel|>final<|message|>The answer is **4**.\n<|return|>",
+                    {{Kind::thinking, "User asks 2+2. Simple: 4."}, {Kind::text, "The answer is **4**.\n"}});
+}
+
+TEST(HarmonyParser, OutputEndsAtTheEndOfSequenceToken) {
+  // <|return|> and <|call|> are end-of-sequence tokens: the engine stops before their text.
+  check_every_split(
+      OutputFormat::harmony, with_tools(),
+      "<|channel|>analysis<|message|>think <b>x</b> < y<|end|><|start|>assistant<|channel|>final"
+      "<|message|>Hi <|there",
+      {{Kind::thinking, "think <b>x</b> < y"}, {Kind::text, "Hi <|there"}});
+}
+
+TEST(HarmonyParser, ToolCallWithConstrain) {
+  check_every_split(
+      OutputFormat::harmony, with_tools(),
+      "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
+      "to=functions.get_weather <|constrain|>json<|message|>{\"location\": \"Paris, \\\"FR\\\"\", \"days\": "
+      "[1, "
+      "2]}<|call|>",
+      {{Kind::thinking, "Need weather."},
+       {Kind::tool_call_begin, "get_weather"},
+       {Kind::tool_call_arguments, "{\"location\": \"Paris, \\\"FR\\\"\", \"days\": [1, 2]}"},
+       {Kind::tool_call_end, ""}});
+}
+
+TEST(HarmonyParser, RecipientInTheRoleHeaderAndTwoCalls) {
+  check_every_split(OutputFormat::harmony, with_tools(),
+                    "<|channel|>commentary<|message|>Checking both.<|end|><|start|>assistant to=functions.a"
+                    "<|channel|>commentary json<|message|>{}<|call|><|start|>assistant<|channel|>commentary "
+                    "to=functions.b <|constrain|>json<|message|>{\"q\":\"<|end\"}<|call|>",
+                    {{Kind::text, "Checking both."},
+                     {Kind::tool_call_begin, "a", 0},
+                     {Kind::tool_call_arguments, "{}", 0},
+                     {Kind::tool_call_end, "", 0},
+                     {Kind::tool_call_begin, "b", 1},
+                     {Kind::tool_call_arguments, "{\"q\":\"<|end\"}", 1},
+                     {Kind::tool_call_end, "", 1}});
+}
+
+TEST(HarmonyParser, CallCutOffByLengthIsClosedSoItParses) {
+  check_every_split(
+      OutputFormat::harmony, with_tools(),
+      "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\": [1, {\"b\": \"x",
+      {{Kind::tool_call_begin, "f"},
+       {Kind::tool_call_arguments, "{\"a\": [1, {\"b\": \"x\"}]}"},
+       {Kind::tool_call_end, ""}});
+}
+
+TEST(HarmonyParser, ToolsNotOfferedAndThinkingOff) {
+  OutputParserOptions o;
+  o.parse_tools = false;
+  o.parse_thinking = false;
+  check_every_split(OutputFormat::harmony, o,
+                    "<|channel|>analysis<|message|>hmm<|end|><|start|>assistant<|channel|>commentary "
+                    "to=functions.f <|constrain|>json<|message|>{}<|call|>",
+                    {{Kind::text, "hmm{}"}});
+}
+
+TEST(HarmonyParser, UnterminatedHeaderIsText) {
+  check_every_split(OutputFormat::harmony, with_tools(), "<|channel|>fin", {{Kind::text, "<|channel|>fin"}});
+  check_every_split(OutputFormat::harmony, with_tools(), "no markup at all",
+                    {{Kind::text, "no markup at all"}});
+}
+
+TEST(HarmonyParser, ForcedPrefixOpensTheCall) {
+  OutputParserOptions o = with_tools();
+  o.forced_prefix = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>";
+  check_every_split(OutputFormat::harmony, o, "{\"location\": \"Oslo\"}<|call|>",
+                    {{Kind::tool_call_begin, "get_weather"},
+                     {Kind::tool_call_arguments, "{\"location\": \"Oslo\"}"},
+                     {Kind::tool_call_end, ""}});
+  o.forced_prefix = "<|channel|>commentary to=functions.";
+  check_every_split(OutputFormat::harmony, o, "lookup <|constrain|>json<|message|>{\"k\": 1}",
+                    {{Kind::tool_call_begin, "lookup"},
+                     {Kind::tool_call_arguments, "{\"k\": 1}"},
+                     {Kind::tool_call_end, ""}});
+}
+
+}  // namespace
+}  // namespace xmoe::serve

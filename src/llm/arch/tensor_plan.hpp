@@ -20,6 +20,9 @@ enum class TensorRole {
   quantized_linear,  // a 2-D nn.Linear weight the published quantized checkpoints quantize
   kept_linear,  // a 2-D nn.Linear weight they keep unquantized (router, lm_head): listed as not converted
   other,        // embeddings, norms, biases, sinks, fused 3-D expert tensors
+  // gpt-oss's fused experts [E, in, out] in transformers' x @ W layout, which its published MXFP4 checkpoint
+  // stores transposed as <name>_blocks U8 [E, out, in/32, 16] + <name>_scales U8 [E, out, in/32]
+  mxfp4_experts,
 };
 
 // A run of a tensor's elements taken from the first `count` values of another (logical) tensor's random
