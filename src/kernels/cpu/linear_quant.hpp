@@ -40,6 +40,9 @@ void check_linear_args(const LinearArgs& args, WeightFormat format);
 // scalar decoders of their own (an inline function compiled with AVX-512 flags could be the copy the linker
 // keeps for every caller).
 void fill_scale_table(const PackedWeight& w, float table[256]);
+// Whether every FP8 block multiplier of rows [n0, n1) times 2^8 is exact (|s| < 2^119, not NaN): the vector
+// decode paths fold 2^8 into the multiplier (E4M3 codes decode as binary16 values × 2^-8) only then.
+bool fp8_scales_foldable(const PackedWeight& w, int64_t n0, int64_t n1);
 }  // namespace quant
 
 }  // namespace xmoe::kernels

@@ -330,17 +330,6 @@ bool fast_tile(const Dec& dec, const Scales& sc, const uint8_t* data, int64_t ro
   return guard.clean();
 }
 
-// FP8's decode path multiplies by scale · 2^8, exact only below 2^119: a weight with a larger (or NaN) block
-// scale among rows [n0, n1) takes the two-step products of Fp8Rows::load instead.
-bool fp8_scales_foldable(const Scales& sc, int64_t n0, int64_t n1) {
-  const PackedWeight& w = *sc.w;
-  const int64_t blocks = (w.cols + w.block_cols - 1) / w.block_cols;
-  for (int64_t r = n0 / w.block_rows; r * w.block_rows < n1; ++r)
-    for (int64_t b = 0; b < blocks; ++b)
-      if (!(std::fabs(sc.get(r * w.scale_row_stride + b)) < 0x1p119f)) return false;
-  return true;
-}
-
 // Decode with the per-block decoders; a tile the decoder declines is redone by the exact tile over `exact`.
 template <int MR, int NR, int BC, class Dec, class Rows>
 void stream_rows_fast(const Dec& dec, const Rows& exact, const LinearArgs& a) {
@@ -437,7 +426,7 @@ void linear(const LinearArgs& a, WeightFormat format) {
       return stream_fast<16>(Fp4Decoder{}, w, a);
     }
     if constexpr (std::is_same_v<Rows, Fp8Rows>)
-      if (fp8_scales_foldable(w.scales, a.n0, a.n1)) return stream_fast<0>(Fp8Decoder{}, w, a);
+      if (quant::fp8_scales_foldable(*a.w, a.n0, a.n1)) return stream_fast<0>(Fp8Decoder{}, w, a);
   }
   switch (a.m) {
     case 1:
