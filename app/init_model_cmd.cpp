@@ -293,7 +293,8 @@ CLI::App* add_init_model_subcommand(CLI::App& app, InitModelOptions& o) {
   cmd->add_option(
          "--quant", o.quant,
          "quantize the attention and MLP/expert linears as published: fp8-block (DeepSeek/Qwen3-FP8) | "
-         "mxfp4 (compressed-tensors) | nvfp4 (ModelOpt); embeddings, norms, router and lm_head stay in "
+         "mxfp4 (compressed-tensors) | nvfp4 (ModelOpt, or see --quant-layout); embeddings, norms, router "
+         "and lm_head stay in "
          "--dtype")
       ->check(CLI::IsMember(kQuantTargetFlags));
   cmd->add_option("--quant-layout", o.quant_layout, kQuantLayoutHelp)

@@ -78,19 +78,6 @@ QuantTarget parse_quant_target(const std::string& flag, const std::string& layou
   throw Error("unknown quantized format '" + flag + "' (expected fp8-block, mxfp4 or nvfp4)");
 }
 
-const char* quant_target_layout(QuantTarget t) {
-  switch (t) {
-    case QuantTarget::fp8_block:
-      return "fp8";
-    case QuantTarget::mxfp4:
-    case QuantTarget::nvfp4_compressed:
-      return "compressed-tensors";
-    case QuantTarget::nvfp4:
-      return "modelopt";
-  }
-  return "?";
-}
-
 const char* quant_target_flag(QuantTarget t) {
   switch (t) {
     case QuantTarget::fp8_block:
@@ -135,15 +122,14 @@ std::vector<StreamedTensor> quantized_tensor_specs(QuantTarget t, const std::str
       return {{base + ".weight_packed", "U8", {rows, cols / 2}, n(rows, cols / 2)},
               {base + ".weight_scale", "U8", {rows, cols / 32}, n(rows, cols / 32)}};
     case QuantTarget::nvfp4:
-      XMOE_CHECK(cols % 16 == 0, "nvfp4: tensor '", name, "' has ", cols,
-                 " columns, not a multiple of the 16-element block");
-      return {{base + ".weight", "U8", {rows, cols / 2}, n(rows, cols / 2)},
-              {base + ".weight_scale", "F8_E4M3", {rows, cols / 16}, n(rows, cols / 16)},
-              {base + ".weight_scale_2", "F32", {}, 4},
-              {base + ".input_scale", "F32", {}, 4}};
     case QuantTarget::nvfp4_compressed:
       XMOE_CHECK(cols % 16 == 0, "nvfp4: tensor '", name, "' has ", cols,
                  " columns, not a multiple of the 16-element block");
+      if (t == QuantTarget::nvfp4)
+        return {{base + ".weight", "U8", {rows, cols / 2}, n(rows, cols / 2)},
+                {base + ".weight_scale", "F8_E4M3", {rows, cols / 16}, n(rows, cols / 16)},
+                {base + ".weight_scale_2", "F32", {}, 4},
+                {base + ".input_scale", "F32", {}, 4}};
       return {{base + ".weight_packed", "U8", {rows, cols / 2}, n(rows, cols / 2)},
               {base + ".weight_scale", "F8_E4M3", {rows, cols / 16}, n(rows, cols / 16)},
               {base + ".weight_global_scale", "F32", {1}, 4},

@@ -31,8 +31,7 @@ enum class QuantTarget { fp8_block, mxfp4, nvfp4, nvfp4_compressed };
 // compressed-tensors for mxfp4) | "modelopt" | "compressed-tensors"; throws naming a layout the format
 // is not written in.
 QuantTarget parse_quant_target(const std::string& flag, const std::string& layout = "");
-const char* quant_target_flag(QuantTarget t);    // the --quant / --to value
-const char* quant_target_layout(QuantTarget t);  // the tensor naming, for messages
+const char* quant_target_flag(QuantTarget t);  // the --quant / --to value
 inline bool is_nvfp4(QuantTarget t) {
   return t == QuantTarget::nvfp4 || t == QuantTarget::nvfp4_compressed;
 }

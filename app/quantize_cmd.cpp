@@ -110,7 +110,8 @@ CLI::App* add_quantize_subcommand(CLI::App& app, QuantizeOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "quantize", "Convert a BF16/F16/F32 Hugging Face checkpoint to a published quantized layout");
   cmd->add_option("--to", o.to,
-                  "fp8-block (DeepSeek/Qwen3-FP8) | mxfp4 (compressed-tensors) | nvfp4 (ModelOpt)")
+                  "fp8-block (DeepSeek/Qwen3-FP8) | mxfp4 (compressed-tensors) | nvfp4 (ModelOpt, or see "
+                  "--quant-layout)")
       ->required()
       ->check(CLI::IsMember(kQuantTargetFlags));
   cmd->add_option("--quant-layout", o.layout, kQuantLayoutHelp)->check(CLI::IsMember(kQuantLayoutFlags));
