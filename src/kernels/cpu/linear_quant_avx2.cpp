@@ -141,19 +141,6 @@ struct Fp4Rows {
   }
 };
 
-struct F32Rows {
-  const float* data;
-  int64_t ld, first_row;
-  struct NoScales {
-    int64_t row_base(int64_t) const { return 0; }
-    int steps_per_block() const { return 1 << 30; }
-    float get(int64_t) const { return 1.0f; }
-  } scales;
-  V16 load(int64_t n, int64_t p, float, int64_t, const TailMask& m) const {
-    return load_x(data + (n - first_row) * ld + p, m);
-  }
-};
-
 // MR x rows × NR weight rows starting at n: each step decodes a weight row's 16 values once and feeds them to
 // all MR rows (x re-read from L1), which keeps the live registers within AVX2's sixteen.
 template <int MR, int NR, class Rows>
@@ -377,7 +364,61 @@ void stream_rows(const Rows& w, const LinearArgs& a) {
   for (; n < a.n1; ++n) tile<MR, 1>(w, n, k, a.x, a.ldx, a.y, a.ldy);
 }
 
-// Many rows: a panel of weight rows dequantised once into f32, then 2 × 2 register tiles over it.
+// MR x rows × NR panel rows over columns [p0, p1) of k, continuing the accumulators in lo/hi (row i's at
+// i * acc_stride + j): each lane's FMA chain runs on across chunks in ascending k, so chunking k changes no
+// bit of the result.
+template <int MR, int NR>
+void panel_chunk(const float* panel, int64_t ld, int64_t j0, int64_t p0, int64_t p1, int64_t k,
+                 const float* x, int64_t ldx, __m256* acc_lo, __m256* acc_hi, int64_t acc_stride) {
+  __m256 lo[MR][NR], hi[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      lo[i][j] = acc_lo[i * acc_stride + j0 + j];
+      hi[i][j] = acc_hi[i * acc_stride + j0 + j];
+    }
+  for (int64_t p = p0; p < p1; p += 16) {
+    const TailMask mask(k - p);
+    V16 wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = load_x(panel + (j0 + j) * ld + p, mask);
+    for (int i = 0; i < MR; ++i) {
+      const V16 xv = load_x(x + i * ldx + p, mask);
+      for (int j = 0; j < NR; ++j) {
+        lo[i][j] = _mm256_fmadd_ps(xv.lo, wv[j].lo, lo[i][j]);
+        hi[i][j] = _mm256_fmadd_ps(xv.hi, wv[j].hi, hi[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      acc_lo[i * acc_stride + j0 + j] = lo[i][j];
+      acc_hi[i * acc_stride + j0 + j] = hi[i][j];
+    }
+}
+
+// MR (≤ 2) x rows starting at i against the whole panel [n0, n1), k in chunks of kChunk columns so the x
+// rows and the panel's chunk stay in L1.
+template <int MR>
+void panel_rows(const float* panel, int64_t ld, int64_t n0, int64_t n1, int64_t k, const LinearArgs& a,
+                int64_t i) {
+  constexpr int64_t kPanel = 16, kChunk = 256;
+  __m256 acc_lo[MR * kPanel], acc_hi[MR * kPanel];
+  for (int64_t v = 0; v < MR * kPanel; ++v) acc_lo[v] = acc_hi[v] = _mm256_setzero_ps();
+  const float* x = a.x + i * a.ldx;
+  const int64_t rows = n1 - n0;
+  for (int64_t p0 = 0; p0 < k; p0 += kChunk) {
+    const int64_t p1 = std::min(k, p0 + kChunk);
+    int64_t j = 0;
+    for (; j + 2 <= rows; j += 2)
+      panel_chunk<MR, 2>(panel, ld, j, p0, p1, k, x, a.ldx, acc_lo, acc_hi, kPanel);
+    for (; j < rows; ++j) panel_chunk<MR, 1>(panel, ld, j, p0, p1, k, x, a.ldx, acc_lo, acc_hi, kPanel);
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int64_t j = 0; j < rows; ++j)
+      a.y[(i + r) * a.ldy + n0 + j] = reduce16(acc_lo[r * kPanel + j], acc_hi[r * kPanel + j]);
+}
+
+// Many rows: a panel of weight rows dequantised once into f32, then 2 × 2 register tiles over it, k chunk by
+// chunk (panel_rows).
 template <class Rows>
 void panel_gemm(const Rows& w, const LinearArgs& a) {
   constexpr int64_t kPanel = 16;
@@ -393,19 +434,9 @@ void panel_gemm(const Rows& w, const LinearArgs& a) {
         _mm256_storeu_ps(dst, v.lo);
         _mm256_storeu_ps(dst + 8, v.hi);
       }
-    const F32Rows f{panel.data(), ld, n0, {}};
-    for (int64_t i = 0; i < a.m; i += 2) {
-      const float* x = a.x + i * a.ldx;
-      float* y = a.y + i * a.ldy;
-      int64_t n = n0;
-      if (i + 2 <= a.m) {
-        for (; n + 2 <= n1; n += 2) tile<2, 2>(f, n, k, x, a.ldx, y, a.ldy);
-        for (; n < n1; ++n) tile<2, 1>(f, n, k, x, a.ldx, y, a.ldy);
-      } else {
-        for (; n + 2 <= n1; n += 2) tile<1, 2>(f, n, k, x, a.ldx, y, a.ldy);
-        for (; n < n1; ++n) tile<1, 1>(f, n, k, x, a.ldx, y, a.ldy);
-      }
-    }
+    int64_t i = 0;
+    for (; i + 2 <= a.m; i += 2) panel_rows<2>(panel.data(), ld, n0, n1, k, a, i);
+    if (i < a.m) panel_rows<1>(panel.data(), ld, n0, n1, k, a, i);
   }
 }
 
