@@ -29,7 +29,8 @@ PATTERNS = {
     "decode": r"decode: \d+ tokens in [\d.]+ s = ([\d.]+) tokens/s",
     "mb": r"weights read per decoded token: ([\d.]+) MB",
     "share": r"= ([\d.]+) % of the measured read bandwidth ([\d.]+) GB/s",
-    "load": r"load: ([\d.]+) s for ([\d.]+) GB of checkpoint; resident after load ([\d.]+) GB",
+    "load": r"load: ([\d.]+) s for ([\d.]+) GB of checkpoint; resident after load ([\d.]+) GB \(([\d.]+) GB anonymous, "
+            r"([\d.]+) GB mapped file pages\)",
 }
 FORMATS = ("bf16", "fp8-block", "mxfp4", "nvfp4")
 
@@ -116,14 +117,16 @@ def main():
           f"{os.environ.get('OMP_WAIT_POLICY', 'passive')}; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
     print(f"| format | weights/token MB | decode tok/s | share of read bandwidth | tok/s ratio | bytes ratio "
-          f"| tok/s ratio / bytes ratio | prefill {a.prompt} tok/s | prefill ratio | load s | RSS after load GB |")
+          f"| tok/s ratio / bytes ratio | prefill {a.prompt} tok/s | prefill ratio | load s "
+          f"| RSS after load GB (anonymous + mapped file) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows:
         tok_ratio = r["decode"][0] / base["decode"][0]
         bytes_ratio = base["mb"][0] / r["mb"][0]
         print(f"| {name} | {r['mb'][0]:.1f} | {r['decode'][0]:.2f} | {r['share'][0]:.1f} % of {r['share'][1]:.1f} GB/s "
               f"| {tok_ratio:.2f} | {bytes_ratio:.2f} | {tok_ratio / bytes_ratio:.2f} | {r['prefill'][0]:.1f} "
-              f"| {r['prefill'][0] / base['prefill'][0]:.2f} | {r['load'][0]:.2f} | {r['load'][2]:.2f} |")
+              f"| {r['prefill'][0] / base['prefill'][0]:.2f} | {r['load'][0]:.2f} "
+              f"| {r['load'][2]:.2f} ({r['load'][3]:.2f} + {r['load'][4]:.2f}) |")
 
 
 if __name__ == "__main__":
