@@ -8,8 +8,9 @@
 //    with k ≡ l (mod 16) in ascending k as one FMA chain, and the lanes are added by reduce_lanes' fixed
 //    tree.
 // So a quantized linear equals the f32 linear over the dequantised weight. Each entry picks its own
-// blocking by m: up to 3 rows decode in registers while the weight streams once; more rows dequantise a panel
-// of weight rows once into f32 and run a register-blocked GEMM over it.
+// blocking by m: up to 3 rows decode in registers, block by block, while the weight streams once; more rows
+// dequantise a panel of 16 weight rows once into f32 and run a register-blocked FMA micro-kernel over it in k
+// chunks of 256 columns, carrying the accumulators from chunk to chunk (so chunking changes no bit).
 #pragma once
 #include "kernels/packed_weight.hpp"
 
