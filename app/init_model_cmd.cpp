@@ -215,7 +215,7 @@ std::vector<std::vector<uint8_t>> quantized_linear(uint64_t seed, double std_dev
   };
   const std::vector<float> w = values(t);
   float scale_2 = 0.0f;
-  if (quant == QuantTarget::nvfp4) {
+  if (is_nvfp4(quant)) {
     scale_2 = kernels::quant::nvfp4_weight_scale_2(w.data(), t.numel());
     for (const auto& p : plan)
       if (!t.scale_partner.empty() && p.name == t.scale_partner) {
@@ -335,9 +335,12 @@ CLI::App* add_init_model_subcommand(CLI::App& app, InitModelOptions& o) {
   cmd->add_option(
          "--quant", o.quant,
          "quantize the attention and MLP/expert linears as published: fp8-block (DeepSeek/Qwen3-FP8) | "
-         "mxfp4 (compressed-tensors) | nvfp4 (ModelOpt); embeddings, norms, router and lm_head stay in "
+         "mxfp4 (compressed-tensors) | nvfp4 (ModelOpt, or see --quant-layout); embeddings, norms, router "
+         "and lm_head stay in "
          "--dtype")
       ->check(CLI::IsMember(kQuantTargetFlags));
+  cmd->add_option("--quant-layout", o.quant_layout, kQuantLayoutHelp)
+      ->check(CLI::IsMember(kQuantLayoutFlags));
   return cmd;
 }
 
@@ -347,8 +350,9 @@ int run_init_model(const InitModelOptions& o) {
   const OutDType dt = o.dtype == "f32" ? OutDType::f32 : OutDType::bf16;
   const ExpertLayout layout = o.expert_layout == "fused" ? ExpertLayout::fused : ExpertLayout::per_expert;
   std::optional<QuantTarget> quant;
+  XMOE_CHECK(o.quant_layout.empty() || !o.quant.empty(), "init-model: --quant-layout needs --quant");
   if (!o.quant.empty()) {
-    quant = parse_quant_target(o.quant);
+    quant = parse_quant_target(o.quant, o.quant_layout);
     XMOE_CHECK(
         layout == ExpertLayout::per_expert, "init-model: --quant ", o.quant,
         " needs --expert-layout per-expert (the published quantized checkpoints hold per-expert linears)");

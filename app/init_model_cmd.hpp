@@ -16,6 +16,7 @@ struct InitModelOptions {
   int64_t shard_size_mb = 4096;
   std::string quant;  // "" (none) or a quantized format for the linears: fp8-block | mxfp4 | nvfp4  // MiB
                       // per safetensors shard; one model.safetensors when everything fits
+  std::string quant_layout;  // --quant-layout: "" (the format's default) | modelopt | compressed-tensors
 };
 
 CLI::App* add_init_model_subcommand(CLI::App& app, InitModelOptions& o);

@@ -21,12 +21,58 @@ std::vector<uint8_t> f32_bytes(float v) {
   return b;
 }
 
+// One compressed-tensors quantization scheme over 4-bit floats in groups, as llm-compressor writes it.
+nlohmann::ordered_json fp4_group_args(const char* strategy, int group_size,
+                                      const nlohmann::ordered_json& dynamic) {
+  nlohmann::ordered_json a;
+  a["num_bits"] = 4;
+  a["type"] = "float";
+  a["symmetric"] = true;
+  a["group_size"] = group_size;
+  a["strategy"] = strategy;
+  a["block_structure"] = nullptr;
+  a["dynamic"] = dynamic;
+  a["actorder"] = nullptr;
+  a["observer"] = "minmax";
+  a["observer_kwargs"] = nlohmann::ordered_json::object();
+  return a;
+}
+
+nlohmann::ordered_json compressed_tensors_config(const char* format, const nlohmann::ordered_json& weights,
+                                                 const nlohmann::ordered_json& inputs,
+                                                 const nlohmann::ordered_json& ignore) {
+  nlohmann::ordered_json group;
+  group["targets"] = {"Linear"};
+  group["weights"] = weights;
+  group["input_activations"] = inputs;
+  group["output_activations"] = nullptr;
+  group["format"] = format;
+  nlohmann::ordered_json q;
+  q["quant_method"] = "compressed-tensors";
+  q["format"] = format;
+  q["quantization_status"] = "compressed";
+  q["config_groups"] = {{"group_0", group}};
+  q["ignore"] = ignore;
+  q["kv_cache_scheme"] = nullptr;
+  q["sparsity_config"] = nlohmann::ordered_json::object();
+  return q;
+}
+
 }  // namespace
 
-QuantTarget parse_quant_target(const std::string& flag) {
-  if (flag == "fp8-block") return QuantTarget::fp8_block;
-  if (flag == "mxfp4") return QuantTarget::mxfp4;
-  if (flag == "nvfp4") return QuantTarget::nvfp4;
+QuantTarget parse_quant_target(const std::string& flag, const std::string& layout) {
+  const auto only = [&](QuantTarget t, const char* name) {
+    XMOE_CHECK(layout.empty() || layout == name, "quantized format ", flag, " is written in the ", name,
+               " layout only, not '", layout, "'");
+    return t;
+  };
+  if (flag == "fp8-block") return only(QuantTarget::fp8_block, "fp8");
+  if (flag == "mxfp4") return only(QuantTarget::mxfp4, "compressed-tensors");
+  if (flag == "nvfp4") {
+    if (layout.empty() || layout == "modelopt") return QuantTarget::nvfp4;
+    if (layout == "compressed-tensors") return QuantTarget::nvfp4_compressed;
+    throw Error("unknown layout '" + layout + "' for nvfp4 (expected modelopt or compressed-tensors)");
+  }
   throw Error("unknown quantized format '" + flag + "' (expected fp8-block, mxfp4 or nvfp4)");
 }
 
@@ -37,6 +83,7 @@ const char* quant_target_flag(QuantTarget t) {
     case QuantTarget::mxfp4:
       return "mxfp4";
     case QuantTarget::nvfp4:
+    case QuantTarget::nvfp4_compressed:
       return "nvfp4";
   }
   return "?";
@@ -58,12 +105,18 @@ std::vector<StreamedTensor> quantized_tensor_specs(QuantTarget t, const std::str
       return {{base + ".weight_packed", "U8", {rows, cols / 2}, n(rows, cols / 2)},
               {base + ".weight_scale", "U8", {rows, cols / 32}, n(rows, cols / 32)}};
     case QuantTarget::nvfp4:
+    case QuantTarget::nvfp4_compressed:
       XMOE_CHECK(cols % 16 == 0, "nvfp4: tensor '", name, "' has ", cols,
                  " columns, not a multiple of the 16-element block");
-      return {{base + ".weight", "U8", {rows, cols / 2}, n(rows, cols / 2)},
+      if (t == QuantTarget::nvfp4)
+        return {{base + ".weight", "U8", {rows, cols / 2}, n(rows, cols / 2)},
+                {base + ".weight_scale", "F8_E4M3", {rows, cols / 16}, n(rows, cols / 16)},
+                {base + ".weight_scale_2", "F32", {}, 4},
+                {base + ".input_scale", "F32", {}, 4}};
+      return {{base + ".weight_packed", "U8", {rows, cols / 2}, n(rows, cols / 2)},
               {base + ".weight_scale", "F8_E4M3", {rows, cols / 16}, n(rows, cols / 16)},
-              {base + ".weight_scale_2", "F32", {}, 4},
-              {base + ".input_scale", "F32", {}, 4}};
+              {base + ".weight_global_scale", "F32", {1}, 4},
+              {base + ".input_global_scale", "F32", {1}, 4}};
   }
   return {};
 }
@@ -85,6 +138,12 @@ std::vector<std::vector<uint8_t>> quantized_tensor_bytes(QuantTarget t, const fl
       // and the CPU kernels, which keep activations in f32, do not read it.
       return {std::move(q.data), std::move(q.scales), f32_bytes(q.global_scale), f32_bytes(1.0f)};
     }
+    case QuantTarget::nvfp4_compressed: {
+      // The same codes and block scales; compressed-tensors stores the global scale inverted
+      // (6·448 / amax), and input_global_scale = 1 / ModelOpt's input_scale of 1.
+      auto q = kernels::quant::quantize_nvfp4(w, rows, cols, nvfp4_weight_scale_2);
+      return {std::move(q.data), std::move(q.scales), f32_bytes(1.0f / q.global_scale), f32_bytes(1.0f)};
+    }
   }
   return {};
 }
@@ -103,27 +162,15 @@ void write_quantization_config(QuantTarget t, nlohmann::ordered_json& config,
       q["weight_block_size"] = {128, 128};
       q["modules_to_not_convert"] = excluded;
       break;
-    case QuantTarget::mxfp4: {
-      nlohmann::ordered_json weights;
-      weights["num_bits"] = 4;
-      weights["type"] = "float";
-      weights["strategy"] = "group";
-      weights["group_size"] = 32;
-      weights["symmetric"] = true;
-      weights["dynamic"] = false;
-      nlohmann::ordered_json group;
-      group["targets"] = {"Linear"};
-      group["weights"] = weights;
-      group["input_activations"] = nullptr;
-      group["output_activations"] = nullptr;
-      group["format"] = "mxfp4-pack-quantized";
-      q["quant_method"] = "compressed-tensors";
-      q["format"] = "mxfp4-pack-quantized";
-      q["quantization_status"] = "compressed";
-      q["config_groups"] = {{"group_0", group}};
-      q["ignore"] = excluded;
+    case QuantTarget::mxfp4:
+      q = compressed_tensors_config("mxfp4-pack-quantized", fp4_group_args("group", 32, false), nullptr,
+                                    excluded);
       break;
-    }
+    case QuantTarget::nvfp4_compressed:
+      // Red Hat's NVFP4 (W4A4): activations quantized per 16 at run time, per tensor group.
+      q = compressed_tensors_config("nvfp4-pack-quantized", fp4_group_args("tensor_group", 16, false),
+                                    fp4_group_args("tensor_group", 16, "local"), excluded);
+      break;
     case QuantTarget::nvfp4: {
       nlohmann::ordered_json quantization;
       quantization["quant_algo"] = "NVFP4";

@@ -9,7 +9,10 @@
 //    "compressed-tensors";
 //  * nvfp4 (NVIDIA ModelOpt): `weight` U8 [N, K/2] + `weight_scale` F8_E4M3 [N, K/16] + `weight_scale_2` F32
 //  []
-//    + `input_scale` F32 []; hf_quant_config.json and quantization_config quant_method "modelopt".
+//    + `input_scale` F32 []; hf_quant_config.json and quantization_config quant_method "modelopt";
+//  * nvfp4 in the compressed-tensors layout (Red Hat's NVFP4 releases, `nvfp4-pack-quantized`, W4A4):
+//    `weight_packed` U8 [N, K/2] + `weight_scale` F8_E4M3 [N, K/16] + `weight_global_scale` F32 [1] (the
+//    inverse of ModelOpt's weight_scale_2) + `input_global_scale` F32 [1]; quant_method "compressed-tensors".
 // Which tensors are quantized is the architecture's tensor plan's (llm/arch/tensor_plan.hpp): its
 // quantized_linear tensors, as the published checkpoints choose them (for Qwen3-MoE attention q/k/v/o and
 // MLP / expert gate/up/down projections; embeddings, norms, biases, the router and lm_head stay as they are).
@@ -23,11 +26,21 @@
 
 namespace xmoe::app {
 
-enum class QuantTarget { fp8_block, mxfp4, nvfp4 };
+enum class QuantTarget { fp8_block, mxfp4, nvfp4, nvfp4_compressed };
 
-QuantTarget parse_quant_target(const std::string& flag);  // "fp8-block" | "mxfp4" | "nvfp4"
-const char* quant_target_flag(QuantTarget t);
+// flag: "fp8-block" | "mxfp4" | "nvfp4"; layout: "" (the format's default: ModelOpt for nvfp4,
+// compressed-tensors for mxfp4) | "modelopt" | "compressed-tensors"; throws naming a layout the format
+// is not written in.
+QuantTarget parse_quant_target(const std::string& flag, const std::string& layout = "");
+const char* quant_target_flag(QuantTarget t);  // the --quant / --to value
+inline bool is_nvfp4(QuantTarget t) {
+  return t == QuantTarget::nvfp4 || t == QuantTarget::nvfp4_compressed;
+}
 inline const std::vector<std::string> kQuantTargetFlags = {"fp8-block", "mxfp4", "nvfp4"};
+inline const std::vector<std::string> kQuantLayoutFlags = {"modelopt", "compressed-tensors"};
+inline constexpr const char* kQuantLayoutHelp =
+    "tensor naming of --quant nvfp4: modelopt (weight, weight_scale_2; default) | compressed-tensors "
+    "(weight_packed, weight_global_scale, as Red Hat publishes it); mxfp4 is written as compressed-tensors";
 
 // The tensors written in place of `name` (a `.weight` of [rows, cols]); throws naming the tensor when cols
 // does not fit the format's block (MXFP4: multiple of 32, NVFP4: of 16).

@@ -121,16 +121,18 @@ CLI::App* add_quantize_subcommand(CLI::App& app, QuantizeOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "quantize", "Convert a BF16/F16/F32 Hugging Face checkpoint to a published quantized layout");
   cmd->add_option("--to", o.to,
-                  "fp8-block (DeepSeek/Qwen3-FP8) | mxfp4 (compressed-tensors) | nvfp4 (ModelOpt)")
+                  "fp8-block (DeepSeek/Qwen3-FP8) | mxfp4 (compressed-tensors) | nvfp4 (ModelOpt, or see "
+                  "--quant-layout)")
       ->required()
       ->check(CLI::IsMember(kQuantTargetFlags));
+  cmd->add_option("--quant-layout", o.layout, kQuantLayoutHelp)->check(CLI::IsMember(kQuantLayoutFlags));
   cmd->add_option("in", o.in, "input checkpoint directory")->required()->check(CLI::ExistingDirectory);
   cmd->add_option("out", o.out, "output directory (created; must be empty if it exists)")->required();
   return cmd;
 }
 
 int run_quantize(const QuantizeOptions& o) {
-  const QuantTarget to = parse_quant_target(o.to);
+  const QuantTarget to = parse_quant_target(o.to, o.layout);
   const Source src = open_source(o.in);
   auto config = nlohmann::ordered_json::parse(read_text_file(o.in + "/config.json"));
   XMOE_CHECK(!config.contains("quantization_config"), "quantize: ", o.in,
@@ -164,7 +166,7 @@ int run_quantize(const QuantizeOptions& o) {
       if (const llm::PlannedTensor* planned = plans.quantized(e.name, e)) {
         const std::vector<float> w = to_f32(src, e.name);
         float scale_2 = 0.0f;
-        if (to == QuantTarget::nvfp4) {
+        if (is_nvfp4(to)) {
           scale_2 = kernels::quant::nvfp4_weight_scale_2(w.data(), static_cast<int64_t>(w.size()));
           const std::string& partner = planned->scale_partner;
           if (!partner.empty() && src.file_of.count(partner)) {

@@ -9,6 +9,7 @@ namespace xmoe::app {
 
 struct QuantizeOptions {
   std::string to;
+  std::string layout;  // --quant-layout: "" (the format's default) | modelopt | compressed-tensors
   std::string in, out;
 };
 

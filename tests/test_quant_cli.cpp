@@ -62,8 +62,8 @@ std::vector<float> f32_values(const SafetensorsFile& f, const std::string& name)
 }
 
 // The PackedWeight a loader builds from a quantized linear's tensors (checking their dtypes and shapes).
-PackedWeight packed_view(const SafetensorsFile& f, const std::string& fmt, const std::string& base,
-                         int64_t rows, int64_t cols) {
+PackedWeight packed_view(const SafetensorsFile& f, const std::string& fmt, const std::string& layout,
+                         const std::string& base, int64_t rows, int64_t cols) {
   PackedWeight w;
   w.rows = rows;
   w.cols = cols;
@@ -88,6 +88,18 @@ PackedWeight packed_view(const SafetensorsFile& f, const std::string& fmt, const
     w.scales = expect(base + ".weight_scale", "U8", {rows, cols / 32});
     w.scale_row_stride = cols / 32;
     w.block_cols = 32;
+  } else if (layout == "compressed-tensors") {
+    w.format = WeightFormat::nvfp4;
+    w.data = expect(base + ".weight_packed", "U8", {rows, cols / 2});
+    w.row_bytes = cols / 2;
+    w.scale_type = ScaleType::e4m3;
+    w.scales = expect(base + ".weight_scale", "F8_E4M3", {rows, cols / 16});
+    w.scale_row_stride = cols / 16;
+    w.block_cols = 16;
+    float stored;  // the inverse of the multiplier
+    std::memcpy(&stored, expect(base + ".weight_global_scale", "F32", {1}), 4);
+    w.global_scale = 1.0f / stored;
+    expect(base + ".input_global_scale", "F32", {1});
   } else {
     w.format = WeightFormat::nvfp4;
     w.data = expect(base + ".weight", "U8", {rows, cols / 2});
@@ -132,14 +144,18 @@ void expect_within_bound(const std::string& fmt, const PackedWeight& q, const st
 
 class QuantCli : public ::testing::TestWithParam<std::string> {};
 
+// The parameter: a --quant format, optionally "/" and a --quant-layout.
 TEST_P(QuantCli, InitModelAndQuantizeWriteThePublishedLayout) {
-  const std::string fmt = GetParam();
+  const std::string param = GetParam(), fmt = param.substr(0, param.find('/'));
+  const std::string layout = fmt == param ? "" : param.substr(fmt.size() + 1);
+  const std::string layout_flag = layout.empty() ? "" : " --quant-layout " + layout;
   TempDir dir;
   auto r = run_cli("init-model --config " + kConfig + " --out " + dir / "f32" + " --dtype f32 --seed 9");
   ASSERT_EQ(r.code, 0) << r.output;
-  r = run_cli("init-model --config " + kConfig + " --out " + dir / "q" + " --quant " + fmt + " --seed 9");
+  r = run_cli("init-model --config " + kConfig + " --out " + dir / "q" + " --quant " + fmt + layout_flag +
+              " --seed 9");
   ASSERT_EQ(r.code, 0) << r.output;
-  r = run_cli("quantize --to " + fmt + " " + dir / "f32" + " " + dir / "converted");
+  r = run_cli("quantize --to " + fmt + layout_flag + " " + dir / "f32" + " " + dir / "converted");
   ASSERT_EQ(r.code, 0) << r.output;
   const auto ref = SafetensorsFile::open(dir / "f32/model.safetensors");
   const auto q = SafetensorsFile::open(dir / "q/model.safetensors");
@@ -155,7 +171,7 @@ TEST_P(QuantCli, InitModelAndQuantizeWriteThePublishedLayout) {
     }
     ++linears;
     const std::string base = e.name.substr(0, e.name.size() - 7);
-    const PackedWeight w = packed_view(q, fmt, base, e.shape[0], e.shape[1]);
+    const PackedWeight w = packed_view(q, fmt, layout, base, e.shape[0], e.shape[1]);
     expect_within_bound(fmt, w, f32_values(ref, e.name), e.name);
     // quantize of the f32 checkpoint: the same bytes.
     for (const auto& qe : q.entries())
@@ -177,6 +193,14 @@ TEST_P(QuantCli, InitModelAndQuantizeWriteThePublishedLayout) {
       EXPECT_EQ(qc["quant_method"], "compressed-tensors");
       EXPECT_EQ(qc["format"], "mxfp4-pack-quantized");
       EXPECT_EQ(qc["config_groups"]["group_0"]["weights"]["group_size"], 32);
+    } else if (layout == "compressed-tensors") {
+      EXPECT_EQ(qc["quant_method"], "compressed-tensors");
+      EXPECT_EQ(qc["format"], "nvfp4-pack-quantized");
+      const json& group = qc["config_groups"]["group_0"];
+      EXPECT_EQ(group["weights"]["strategy"], "tensor_group");
+      EXPECT_EQ(group["weights"]["group_size"], 16);
+      EXPECT_EQ(group["input_activations"]["dynamic"], "local");
+      EXPECT_FALSE(fs::exists(dir / (out + "/hf_quant_config.json")));
     } else {
       EXPECT_EQ(qc["quant_method"], "modelopt");
       const json hf = read_json(dir / (out + "/hf_quant_config.json"));
@@ -188,9 +212,13 @@ TEST_P(QuantCli, InitModelAndQuantizeWriteThePublishedLayout) {
   EXPECT_TRUE(fs::exists(dir / "converted/generation_config.json"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Quant, QuantCli, ::testing::Values("fp8-block", "mxfp4", "nvfp4"),
+INSTANTIATE_TEST_SUITE_P(Quant, QuantCli,
+                         ::testing::Values("fp8-block", "mxfp4", "nvfp4", "nvfp4/compressed-tensors"),
                          [](const auto& info) {
-                           return info.param == "fp8-block" ? std::string("fp8_block") : info.param;
+                           std::string name = info.param;
+                           for (char& c : name)
+                             if (c == '-' || c == '/') c = '_';
+                           return name;
                          });
 
 TEST(QuantCliErrors, BadFlagsAndInputsAreNamed) {
@@ -218,6 +246,42 @@ TEST(QuantCliErrors, BadFlagsAndInputsAreNamed) {
   r = run_cli("quantize --to q4 " + dir / "fp8" + " " + dir / "e");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("--to"), std::string::npos) << r.output;
+  // A layout the format is not written in, and a layout without a format.
+  r = run_cli("init-model --config " + kConfig + " --out " + dir / "f" +
+              " --quant fp8-block --quant-layout modelopt");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("fp8-block is written in the fp8 layout only, not 'modelopt'"), std::string::npos)
+      << r.output;
+  r = run_cli("init-model --config " + kConfig + " --out " + dir / "g" +
+              " --quant-layout compressed-tensors");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("--quant-layout needs --quant"), std::string::npos) << r.output;
+}
+
+// Both NVFP4 namings of the same codes read back by xmoe: the same greedy tokens (the loader inverts
+// compressed-tensors' weight_global_scale).
+TEST(QuantCliNvfp4Layouts, BothNamingsGenerateTheSameTokens) {
+  TempDir dir;
+  json cfg = read_json(kConfig);
+  cfg["attention_bias"] = false;  // as Qwen3-MoE has it (the shared tiny config tests the bias too)
+  std::ofstream(dir / "config.json") << cfg.dump();
+  std::string out[2];
+  int i = 0;
+  for (const std::string layout : {"modelopt", "compressed-tensors"}) {
+    const std::string d = dir / layout;
+    ASSERT_EQ(run_cli("init-model --config " + dir / "config.json" + " --out " + d +
+                      " --quant nvfp4 --quant-layout " + layout + " --seed 3")
+                  .code,
+              0);
+    const auto r = run_cli("generate --model " + d +
+                           " --prompt-ids 5,17,29,3 --max-tokens 6 --temperature 0 --ignore-eos --no-stream "
+                           "--print-ids");
+    ASSERT_EQ(r.code, 0) << r.output;
+    const size_t at = r.output.find("generated ids: ");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    out[i++] = r.output.substr(at, r.output.find_first_not_of("generatd is:0123456789,", at) - at);
+  }
+  EXPECT_EQ(out[0], out[1]);
 }
 
 }  // namespace

@@ -1,17 +1,26 @@
 #!/usr/bin/env python3
 """One table of `xmoe generate --measure-bandwidth` over checkpoints of one model in several weight formats.
 
-Usage: python3 tools/bench_quant_formats.py --xmoe build/xmoe --threads 2 --decode 32 --prompt 512 \
-           bf16=/tmp/bf16-8l fp8-block=/tmp/fp8-8l [...]
+One command, checkpoints written as needed (init-model, same seed, in each format) and benchmarked:
+    OMP_WAIT_POLICY=passive python3 tools/bench_quant_formats.py --xmoe build/xmoe \
+        --config configs/qwen3-30b-a3b-8layers.json --workdir /tmp/q3-8l --repeats 3
+or over checkpoints that exist already (the first is the baseline):
+    python3 tools/bench_quant_formats.py bf16=/tmp/bf16-8l fp8-block=/tmp/fp8-8l [...]
 
-Each checkpoint runs twice at batch 1 in one invocation: a 512-token prompt (prefill tok/s) followed by greedy
-decode steps (decode tok/s, weight bytes read per token, share of the read bandwidth the same run probed).
-The first format is the baseline of the two ratios: decode tok/s over the baseline's, and the baseline's bytes
-per token over this format's (what the decode speed would gain if it were purely bandwidth-bound). Standard
-library only (CI has no virtualenv).
+Each run is one `xmoe generate` at batch 1: a --prompt-token prompt (prefill tok/s) followed by --decode greedy
+steps (decode tok/s, weight bytes read per token, share of the read bandwidth probed in the same run, load time
+and resident memory after load). Every checkpoint's files are read once before its runs (a cold page cache
+would time the disk, not the kernels), and each figure is the median over --repeats runs. The first format is
+the baseline of the ratios: decode tok/s over the baseline's, the baseline's bytes per token over this format's
+(what decode would gain if it were purely bandwidth-bound; the goal is a tok/s ratio ≥ 0.9 × the bytes ratio),
+and prefill tok/s over the baseline's. Prints the CPU and the load average before and after. Standard library
+only (CI has no virtualenv).
 """
 import argparse
+import json
+import os
 import re
+import statistics
 import subprocess
 import sys
 
@@ -20,15 +29,46 @@ PATTERNS = {
     "decode": r"decode: \d+ tokens in [\d.]+ s = ([\d.]+) tokens/s",
     "mb": r"weights read per decoded token: ([\d.]+) MB",
     "share": r"= ([\d.]+) % of the measured read bandwidth ([\d.]+) GB/s",
-    "load": r"load: ([\d.]+) s for ([\d.]+) GB of checkpoint; resident after load ([\d.]+) GB",
+    "load": r"load: ([\d.]+) s for ([\d.]+) GB of checkpoint; resident after load ([\d.]+) GB \(([\d.]+) GB anonymous, "
+            r"([\d.]+) GB mapped file pages\)",
 }
+FORMATS = ("bf16", "fp8-block", "mxfp4", "nvfp4")
+
+
+def write_checkpoints(xmoe, config, workdir, seed):
+    """format=directory specs for every format, writing those not there yet."""
+    specs = []
+    for fmt in FORMATS:
+        directory = os.path.join(workdir, fmt)
+        if not os.path.exists(os.path.join(directory, "config.json")):
+            cmd = [xmoe, "init-model", "--config", config, "--out", directory, "--seed", str(seed)]
+            if fmt != "bf16":
+                cmd += ["--quant", fmt]
+            print(f"writing {directory}", file=sys.stderr)
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        specs.append(f"{fmt}={directory}")
+    return specs
+
+
+def warm_page_cache(directory):
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".safetensors"):
+            with open(os.path.join(directory, name), "rb") as f:
+                while f.read(64 << 20):
+                    pass
 
 
 def run(xmoe, directory, threads, prompt_len, decode):
-    ids = ",".join(str(100 + (i * 37) % 150000) for i in range(prompt_len))
+    with open(os.path.join(directory, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    ids = ",".join(str((100 + i * 37) % vocab) for i in range(prompt_len))
     cmd = [xmoe, "generate", "--model", directory, "--prompt-ids", ids, "--max-tokens", str(decode), "--ignore-eos",
            "--temperature", "0", "--threads", str(threads), "--measure-bandwidth", "--no-stream"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    # OpenMP's default spin-wait makes a loaded machine's barriers cost time slices (decode 100× slower seen on
+    # a tiny model at load 14): passive waiting unless the caller chose otherwise.
+    env = dict(os.environ)
+    env.setdefault("OMP_WAIT_POLICY", "passive")
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stderr
     row = {}
     for key, pattern in PATTERNS.items():
         m = re.search(pattern, out)
@@ -38,27 +78,55 @@ def run(xmoe, directory, threads, prompt_len, decode):
     return row
 
 
+def median_row(runs):
+    return {key: [statistics.median(r[key][i] for r in runs) for i in range(len(runs[0][key]))] for key in runs[0]}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--xmoe", default="build/xmoe")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--decode", type=int, default=32)
-    p.add_argument("checkpoints", nargs="+", help="format=directory; the first is the baseline")
+    p.add_argument("--repeats", type=int, default=3, help="runs per format; figures are medians")
+    p.add_argument("--config", help="write the checkpoints of this config.json (with --workdir)")
+    p.add_argument("--workdir", help="where --config's checkpoints are written (reused when present)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("checkpoints", nargs="*", help="format=directory; the first is the baseline")
     a = p.parse_args()
+    specs = list(a.checkpoints)
+    if a.config:
+        if not a.workdir:
+            sys.exit("--config needs --workdir")
+        specs = write_checkpoints(a.xmoe, a.config, a.workdir, a.seed) + specs
+    if not specs:
+        sys.exit("give --config and --workdir, or format=directory checkpoints")
+    info = subprocess.run([a.xmoe, "info"], capture_output=True, text=True).stdout.splitlines()
+    load_before = os.getloadavg()
     rows = []
-    for spec in a.checkpoints:
+    for spec in specs:
         name, directory = spec.split("=", 1)
-        rows.append((name, run(a.xmoe, directory, a.threads, a.prompt, a.decode)))
-        print(f"{name}: done", file=sys.stderr)
+        warm_page_cache(directory)
+        runs = [run(a.xmoe, directory, a.threads, a.prompt, a.decode) for _ in range(a.repeats)]
+        rows.append((name, median_row(runs)))
+        decodes = ", ".join(f"{r['decode'][0]:.2f}" for r in runs)
+        print(f"{name}: done ({decodes} decode tok/s)", file=sys.stderr)
+    load_after = os.getloadavg()
     base = rows[0][1]
+    print(f"{info[0] if info else ''}; {a.threads} threads, batch 1, medians of {a.repeats} runs, OMP_WAIT_POLICY="
+          f"{os.environ.get('OMP_WAIT_POLICY', 'passive')}; load average "
+          f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
     print(f"| format | weights/token MB | decode tok/s | share of read bandwidth | tok/s ratio | bytes ratio "
-          f"| prefill {a.prompt} tok/s | load s | RSS after load GB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"| tok/s ratio / bytes ratio | prefill {a.prompt} tok/s | prefill ratio | load s "
+          f"| RSS after load GB (anonymous + mapped file) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows:
+        tok_ratio = r["decode"][0] / base["decode"][0]
+        bytes_ratio = base["mb"][0] / r["mb"][0]
         print(f"| {name} | {r['mb'][0]:.1f} | {r['decode'][0]:.2f} | {r['share'][0]:.1f} % of {r['share'][1]:.1f} GB/s "
-              f"| {r['decode'][0] / base['decode'][0]:.2f} | {base['mb'][0] / r['mb'][0]:.2f} | {r['prefill'][0]:.1f} "
-              f"| {r['load'][0]:.2f} | {r['load'][2]:.2f} |")
+              f"| {tok_ratio:.2f} | {bytes_ratio:.2f} | {tok_ratio / bytes_ratio:.2f} | {r['prefill'][0]:.1f} "
+              f"| {r['prefill'][0] / base['prefill'][0]:.2f} | {r['load'][0]:.2f} "
+              f"| {r['load'][2]:.2f} ({r['load'][3]:.2f} + {r['load'][4]:.2f}) |")
 
 
 if __name__ == "__main__":

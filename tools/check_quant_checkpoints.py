@@ -15,6 +15,15 @@ For each format a tiny Qwen3-MoE (tests/data/checkpoints/tiny_config.json) is wr
              method raises "Loading pre-quantized NVFP4 checkpoints is not supported yet". The script records the
              failure and checks the stored tensors with ModelOpt's dequantisation E2M1 * (weight_scale *
              weight_scale_2) instead.
+  nvfp4-ct:  `--quant nvfp4 --quant-layout compressed-tensors` (Red Hat's `nvfp4-pack-quantized` naming:
+             weight_packed, weight_scale, weight_global_scale = 1 / weight_scale_2): transformers loads it through
+             compressed-tensors (CompressedTensorsConfig(run_compressed=False)), which dequantises
+             E2M1 * (weight_scale / weight_global_scale), in bfloat16 (the unpacked codes' dtype), so each weight
+             is checked within 2^-7 relative of the reference dequantisation (three bf16 roundings). transformers
+             5.24's fused-expert path (CompressedTensorsDequantize's DummyModule) does not pass
+             weight_global_scale to the decompressor, so its expert weights come out multiplied by
+             weight_global_scale: the script checks the experts against that (reported as a transformers
+             defect, not ours). The codes and block scales must be the ModelOpt layout's bytes exactly.
 Also checks that `xmoe quantize` of the f32 checkpoint writes the same quantized bytes as `init-model --quant`.
 Run: /work/venv/bin/python tools/check_quant_checkpoints.py [path/to/xmoe]
 """
@@ -56,6 +65,9 @@ def reference_dequant(fmt, t, base, rows, cols):
     if fmt == "mxfp4":
         s = t[base + ".weight_scale"].view(torch.float8_e8m0fnu).float().repeat_interleave(32, 1)
         return unpack(t[base + ".weight_packed"]) * s, s
+    if fmt == "nvfp4-ct":  # compressed-tensors' own order: the block scale divided by the stored global scale
+        s = (t[base + ".weight_scale"].float() / t[base + ".weight_global_scale"]).repeat_interleave(16, 1)
+        return unpack(t[base + ".weight_packed"]) * s, s
     s = (t[base + ".weight_scale"].float() * t[base + ".weight_scale_2"]).repeat_interleave(16, 1)
     return unpack(t[base + ".weight"]) * s, s
 
@@ -79,10 +91,12 @@ def main():
         run = lambda *a: subprocess.run([xmoe, *a], check=True, capture_output=True, text=True)
         run("init-model", "--config", CONFIG, "--out", ref_dir, "--dtype", "f32", "--seed", "5")
         ref = tensors(ref_dir)
-        for fmt in ("fp8-block", "mxfp4", "nvfp4"):
+        for fmt in ("fp8-block", "mxfp4", "nvfp4", "nvfp4-ct"):
             qdir, conv_dir = os.path.join(tmp, fmt), os.path.join(tmp, fmt + "-converted")
-            run("init-model", "--config", CONFIG, "--out", qdir, "--quant", fmt, "--seed", "5")
-            run("quantize", "--to", fmt, ref_dir, conv_dir)
+            flags = ["--quant-layout", "compressed-tensors"] if fmt == "nvfp4-ct" else []
+            quant = "nvfp4" if fmt == "nvfp4-ct" else fmt
+            run("init-model", "--config", CONFIG, "--out", qdir, "--quant", quant, "--seed", "5", *flags)
+            run("quantize", "--to", quant, *flags, ref_dir, conv_dir)
             t, conv = tensors(qdir), tensors(conv_dir)
             names = [n for n in ref if n.endswith(LINEARS)]
             same_bytes = all(torch.equal(t[k].view(torch.uint8) if t[k].dtype != torch.float32 else t[k],
@@ -99,19 +113,40 @@ def main():
                 bound_ok &= within_bound(fmt, w, dq[n], s)
             print(f"{fmt}: {len(names)} linears, reference dequantisation within the rounding bound: {bound_ok}")
             ok &= bound_ok
+            if fmt == "nvfp4-ct":
+                ok &= same_codes_as_modelopt(t, tensors(os.path.join(tmp, "nvfp4")), names)
             ok &= check_transformers(fmt, qdir, dq)
     print("ALL OK" if ok else "FAILED")
     return 0 if ok else 1
 
 
+def same_codes_as_modelopt(ct, modelopt, names):
+    same = True
+    for n in names:
+        base = n[: -len(".weight")]
+        same &= torch.equal(ct[base + ".weight_packed"], modelopt[n])
+        same &= torch.equal(ct[base + ".weight_scale"].view(torch.uint8), modelopt[base + ".weight_scale"].view(torch.uint8))
+        same &= bool(ct[base + ".weight_global_scale"].shape == (1,))
+        same &= bool(torch.allclose(ct[base + ".weight_global_scale"] * modelopt[base + ".weight_scale_2"],
+                                    torch.ones(1), rtol=2e-7, atol=0))
+    print(f"nvfp4-ct: codes and block scales equal the ModelOpt layout's, global scale its inverse: {same}")
+    return same
+
+
 def check_transformers(fmt, qdir, dq):
     from transformers import AutoModelForCausalLM
+
+    global_scales = {}
+    if fmt == "nvfp4-ct":
+        t = tensors(qdir)
+        global_scales = {n[: -len(".weight_global_scale")]: v for n, v in t.items() if n.endswith("global_scale")
+                         and n.endswith(".weight_global_scale")}
 
     kwargs = {}
     if fmt == "fp8-block":
         from transformers import FineGrainedFP8Config
         kwargs["quantization_config"] = FineGrainedFP8Config(dequantize=True)
-    elif fmt == "mxfp4":
+    elif fmt in ("mxfp4", "nvfp4-ct"):
         from transformers import CompressedTensorsConfig
         kwargs["quantization_config"] = CompressedTensorsConfig(run_compressed=False)
     try:
@@ -145,6 +180,15 @@ def check_transformers(fmt, qdir, dq):
             bad += 1
             continue
         checked += 1
+        if fmt == "nvfp4-ct":
+            base = name[: -len(".weight")]
+            if ".mlp.experts." in name:  # transformers' fused-expert path drops weight_global_scale
+                want = want * global_scales[base]
+            if not torch.allclose(got.float(), want.float(), rtol=2.0**-7, atol=0):
+                bad += 1
+                print(f"{fmt}: {name}: transformers' weight differs from the reference dequantisation by "
+                      f"{((got.float() - want) / want.abs().clamp_min(1e-30)).abs().max().item():.3g} relative")
+            continue
         if not torch.equal(got.float(), want.float()):
             bad += 1
             if bad < 4:

@@ -8,8 +8,9 @@
 //    with k ≡ l (mod 16) in ascending k as one FMA chain, and the lanes are added by reduce_lanes' fixed
 //    tree.
 // So a quantized linear equals the f32 linear over the dequantised weight. Each entry picks its own
-// blocking by m: up to 3 rows decode in registers while the weight streams once; more rows dequantise a panel
-// of weight rows once into f32 and run a register-blocked GEMM over it.
+// blocking by m: up to 3 rows decode in registers, block by block, while the weight streams once; more rows
+// dequantise a panel of 16 weight rows once into f32 and run a register-blocked FMA micro-kernel over it in k
+// chunks of 256 columns, carrying the accumulators from chunk to chunk (so chunking changes no bit).
 #pragma once
 #include "kernels/packed_weight.hpp"
 
@@ -40,6 +41,9 @@ void check_linear_args(const LinearArgs& args, WeightFormat format);
 // scalar decoders of their own (an inline function compiled with AVX-512 flags could be the copy the linker
 // keeps for every caller).
 void fill_scale_table(const PackedWeight& w, float table[256]);
+// Whether every FP8 block multiplier of rows [n0, n1) times 2^8 is exact (|s| < 2^119, not NaN): the vector
+// decode paths fold 2^8 into the multiplier (E4M3 codes decode as binary16 values × 2^-8) only then.
+bool fp8_scales_foldable(const PackedWeight& w, int64_t n0, int64_t n1);
 }  // namespace quant
 
 }  // namespace xmoe::kernels

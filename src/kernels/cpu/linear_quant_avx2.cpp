@@ -4,7 +4,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/linear_quant.hpp"
@@ -139,19 +141,6 @@ struct Fp4Rows {
   }
 };
 
-struct F32Rows {
-  const float* data;
-  int64_t ld, first_row;
-  struct NoScales {
-    int64_t row_base(int64_t) const { return 0; }
-    int steps_per_block() const { return 1 << 30; }
-    float get(int64_t) const { return 1.0f; }
-  } scales;
-  V16 load(int64_t n, int64_t p, float, int64_t, const TailMask& m) const {
-    return load_x(data + (n - first_row) * ld + p, m);
-  }
-};
-
 // MR x rows × NR weight rows starting at n: each step decodes a weight row's 16 values once and feeds them to
 // all MR rows (x re-read from L1), which keeps the live registers within AVX2's sixteen.
 template <int MR, int NR, class Rows>
@@ -194,6 +183,171 @@ void tile(const Rows& w, int64_t n, int64_t k, const float* x, int64_t ldx, floa
     for (int j = 0; j < NR; ++j) y[i * ldy + n + j] = reduce16(lo[i][j], hi[i][j]);
 }
 
+// The decode path's per-block decoders (m ≤ 3): each weight row's block multiplier is folded once per block,
+// leaving a handful of vector instructions per 16 weights (the exact tile above decodes every element's
+// value and multiplier separately).
+//  * FP8: the code's bits moved into binary16 position (S.EEEE.MMM → S.0EEEE.MMM0000000) are the E4M3 value
+//    × 2^-8 with the exponent bias 15 instead of 7, exact through F16C for every code, subnormals included;
+//    the block's multiplier · 2^8 (exact: quant::fp8_scales_foldable) then gives the product the reference
+//    rounds. NaN codes (S.1111.111) are tracked, not decoded: a tile that met one is redone exactly.
+//  * FP4: the eight E2M1 magnitudes times the multiplier as one 8-entry table (vpermps), the sign xor-ed in:
+//    (−v) · s is −(v · s) bit for bit, so each lane holds the reference's product.
+struct Fp8Decoder {
+  static constexpr bool kPermuted = false;
+  using Block = __m256;
+  struct Guard {
+    __m128i max = _mm_setzero_si128();
+    bool clean() const { return _mm_movemask_epi8(_mm_cmpeq_epi8(max, _mm_set1_epi8(-1))) == 0; }
+  };
+  static Block block(float scale) { return _mm256_set1_ps(scale * 256.0f); }
+  static V16 decode(const uint8_t* row, int64_t p, Block b, Guard& g) {
+    return finish(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + p)), b, g);
+  }
+  static V16 decode_tail(const uint8_t* row, int64_t p, Block b, Guard& g, int64_t left, const TailMask& m) {
+    alignas(16) uint8_t buf[16] = {};
+    std::memcpy(buf, row + p, static_cast<size_t>(left));
+    const V16 v = finish(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)), b, g);
+    return {_mm256_and_ps(v.lo, _mm256_castsi256_ps(m.lo)), _mm256_and_ps(v.hi, _mm256_castsi256_ps(m.hi))};
+  }
+  // Sign-extended to 16 bits and shifted left by 7, bits 7..13 hold E.MMM and bits 14, 15 the sign; clearing
+  // bit 14 leaves the binary16.
+  static V16 finish(__m128i raw, Block b, Guard& g) {
+    g.max = _mm_max_epu8(g.max, _mm_or_si128(raw, _mm_set1_epi8(-128)));
+    const __m256i half = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 7),
+                                          _mm256_set1_epi16(static_cast<short>(0xBF80)));
+    return {_mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(half)), b),
+            _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(half, 1)), b)};
+  }
+};
+
+// FP4 lanes are kept in a fixed permuted order: the 8 bytes broadcast to every qword, each dword shifted
+// right by its own count, leave the physical lanes holding elements {0, 8, 1, 9, 4, 12, 5, 13} (first half)
+// and {2, 10, 3, 11, 6, 14, 7, 15} (second half) — the order unpacklo/unpackhi_ps give x in, one pair per
+// step shared by the rows. The accumulators are put back in lane order before the reduction, so every lane's
+// FMA chain is the one linear_lanes.hpp prescribes.
+struct Fp4Decoder {
+  static constexpr bool kPermuted = true;
+  using Block = __m256;
+  struct Guard {
+    static bool clean() { return true; }
+  };
+  __m256 magnitudes = _mm256_loadu_ps(quant::kE2M1Values.data());
+  __m256i shifts_a = _mm256_setr_epi32(0, 0, 4, 4, 16, 16, 20, 20);
+  __m256i shifts_b = _mm256_setr_epi32(8, 8, 12, 12, 24, 24, 28, 28);
+  Block block(float scale) const { return _mm256_mul_ps(magnitudes, _mm256_set1_ps(scale)); }
+  static __m256 lookup(__m256i nibbles, Block b) {
+    const __m256i sign = _mm256_and_si256(_mm256_slli_epi32(nibbles, 28), _mm256_set1_epi32(INT32_MIN));
+    return _mm256_xor_ps(_mm256_permutevar8x32_ps(b, nibbles), _mm256_castsi256_ps(sign));
+  }
+  V16 decode(const uint8_t* row, int64_t p, Block b, Guard&) const {
+    int64_t q;
+    std::memcpy(&q, row + p / 2, 8);
+    const __m256i all = _mm256_set1_epi64x(q);
+    return {lookup(_mm256_srlv_epi32(all, shifts_a), b), lookup(_mm256_srlv_epi32(all, shifts_b), b)};
+  }
+};
+
+// The decode tile: MR (< 4) x rows × NR weight rows, walking k block by block so each row's multiplier is
+// prepared once per block. Returns false when the decoder met a code it leaves to the exact path.
+template <int MR, int NR, class Dec>
+bool fast_tile(const Dec& dec, const Scales& sc, const uint8_t* data, int64_t row_bytes, int64_t n, int64_t k,
+               const float* x, int64_t ldx, float* y, int64_t ldy, const char* next, int64_t next_bytes) {
+  const int64_t prefetch_step = (next_bytes / ((k + 15) / 16) + 64) / 64 * 64;
+  int64_t prefetched = 0;
+  __m256 lo[MR][NR], hi[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) lo[i][j] = hi[i][j] = _mm256_setzero_ps();
+  int64_t base[NR];
+  const uint8_t* row[NR];
+  for (int j = 0; j < NR; ++j) {
+    base[j] = sc.row_base(n + j);
+    row[j] = data + (n + j) * row_bytes;
+  }
+  typename Dec::Guard guard;
+  const int64_t block_cols = sc.w->block_cols;
+  int64_t block = 0;
+  const auto step = [&](int64_t p, const typename Dec::Block* mult, const TailMask& mask, int64_t left) {
+    for (const int64_t end = std::min(next_bytes, prefetched + prefetch_step); prefetched < end;
+         prefetched += 64)
+      _mm_prefetch(next + prefetched, _MM_HINT_T1);
+    V16 wv[NR];
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) {
+      if constexpr (Dec::kPermuted)
+        wv[j] = dec.decode(row[j], p, mult[j], guard);
+      else
+        wv[j] = mask.full ? dec.decode(row[j], p, mult[j], guard)
+                          : dec.decode_tail(row[j], p, mult[j], guard, left, mask);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      V16 xv = load_x(x + i * ldx + p, mask);
+      if constexpr (Dec::kPermuted) xv = {_mm256_unpacklo_ps(xv.lo, xv.hi), _mm256_unpackhi_ps(xv.lo, xv.hi)};
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) {
+        lo[i][j] = _mm256_fmadd_ps(xv.lo, wv[j].lo, lo[i][j]);
+        hi[i][j] = _mm256_fmadd_ps(xv.hi, wv[j].hi, hi[i][j]);
+      }
+    }
+  };
+  const TailMask full(16);
+  for (int64_t p0 = 0; p0 < k; p0 += block_cols, ++block) {
+    typename Dec::Block mult[NR];
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) mult[j] = dec.block(sc.get(base[j] + block));
+    const int64_t pe = std::min(k, p0 + block_cols);
+    int64_t p = p0;
+    for (; p + 16 <= pe; p += 16) step(p, mult, full, 16);
+    if (p < pe) step(p, mult, TailMask(pe - p), pe - p);  // FP8's k tail (FP4's k is a multiple of 16)
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      __m256 l = lo[i][j], h = hi[i][j];
+      if constexpr (Dec::kPermuted) {  // lanes back in order: 0..7 and 8..15
+        l = _mm256_shuffle_ps(lo[i][j], hi[i][j], _MM_SHUFFLE(2, 0, 2, 0));
+        h = _mm256_shuffle_ps(lo[i][j], hi[i][j], _MM_SHUFFLE(3, 1, 3, 1));
+      }
+      y[i * ldy + n + j] = reduce16(l, h);
+    }
+  return guard.clean();
+}
+
+// Decode with the per-block decoders; a tile the decoder declines is redone by the exact tile over `exact`.
+template <int MR, int NR, class Dec, class Rows>
+void stream_rows_fast(const Dec& dec, const Rows& exact, const LinearArgs& a) {
+  const int64_t k = a.w->cols;
+  const auto rows_bytes = [&](int64_t b, int64_t e) { return (e - b) * exact.row_bytes; };
+  const auto row_ptr = [&](int64_t r) {
+    return reinterpret_cast<const char*>(exact.data + r * exact.row_bytes);
+  };
+  for (int64_t b = 0; b < rows_bytes(a.n0, std::min(a.n1, a.n0 + 2 * NR)); b += 64)
+    _mm_prefetch(row_ptr(a.n0) + b, _MM_HINT_T1);
+  const auto run = [&]<int R>(int64_t n, const char* next, int64_t next_bytes) {
+    if (!fast_tile<MR, R>(dec, exact.scales, exact.data, exact.row_bytes, n, k, a.x, a.ldx, a.y, a.ldy, next,
+                          next_bytes))
+      tile<MR, R>(exact, n, k, a.x, a.ldx, a.y, a.ldy);
+  };
+  int64_t n = a.n0;
+  for (; n + NR <= a.n1; n += NR) {
+    const int64_t next_begin = std::min(a.n1, n + 2 * NR), next_end = std::min(a.n1, n + 3 * NR);
+    exact.prefetch_scales(next_begin, next_end);
+    run.template operator()<NR>(n, row_ptr(next_begin), rows_bytes(next_begin, next_end));
+  }
+  for (; n < a.n1; ++n) run.template operator()<1>(n, nullptr, 0);
+}
+
+template <class Dec, class Rows>
+void stream_fast(const Dec& dec, const Rows& w, const LinearArgs& a) {
+  switch (a.m) {
+    case 1:
+      return stream_rows_fast<1, 4>(dec, w, a);
+    case 2:
+      return stream_rows_fast<2, 2>(dec, w, a);
+    default:
+      return stream_rows_fast<3, 1>(dec, w, a);
+  }
+}
+
 template <int MR, int NR, class Rows>
 void stream_rows(const Rows& w, const LinearArgs& a) {
   const int64_t k = a.w->cols;
@@ -210,7 +364,61 @@ void stream_rows(const Rows& w, const LinearArgs& a) {
   for (; n < a.n1; ++n) tile<MR, 1>(w, n, k, a.x, a.ldx, a.y, a.ldy);
 }
 
-// Many rows: a panel of weight rows dequantised once into f32, then 2 × 2 register tiles over it.
+// MR x rows × NR panel rows over columns [p0, p1) of k, continuing the accumulators in lo/hi (row i's at
+// i * acc_stride + j): each lane's FMA chain runs on across chunks in ascending k, so chunking k changes no
+// bit of the result.
+template <int MR, int NR>
+void panel_chunk(const float* panel, int64_t ld, int64_t j0, int64_t p0, int64_t p1, int64_t k,
+                 const float* x, int64_t ldx, __m256* acc_lo, __m256* acc_hi, int64_t acc_stride) {
+  __m256 lo[MR][NR], hi[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      lo[i][j] = acc_lo[i * acc_stride + j0 + j];
+      hi[i][j] = acc_hi[i * acc_stride + j0 + j];
+    }
+  for (int64_t p = p0; p < p1; p += 16) {
+    const TailMask mask(k - p);
+    V16 wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = load_x(panel + (j0 + j) * ld + p, mask);
+    for (int i = 0; i < MR; ++i) {
+      const V16 xv = load_x(x + i * ldx + p, mask);
+      for (int j = 0; j < NR; ++j) {
+        lo[i][j] = _mm256_fmadd_ps(xv.lo, wv[j].lo, lo[i][j]);
+        hi[i][j] = _mm256_fmadd_ps(xv.hi, wv[j].hi, hi[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      acc_lo[i * acc_stride + j0 + j] = lo[i][j];
+      acc_hi[i * acc_stride + j0 + j] = hi[i][j];
+    }
+}
+
+// MR (≤ 2) x rows starting at i against the whole panel [n0, n1), k in chunks of kChunk columns so the x
+// rows and the panel's chunk stay in L1.
+template <int MR>
+void panel_rows(const float* panel, int64_t ld, int64_t n0, int64_t n1, int64_t k, const LinearArgs& a,
+                int64_t i) {
+  constexpr int64_t kPanel = 16, kChunk = 256;
+  __m256 acc_lo[MR * kPanel], acc_hi[MR * kPanel];
+  for (int64_t v = 0; v < MR * kPanel; ++v) acc_lo[v] = acc_hi[v] = _mm256_setzero_ps();
+  const float* x = a.x + i * a.ldx;
+  const int64_t rows = n1 - n0;
+  for (int64_t p0 = 0; p0 < k; p0 += kChunk) {
+    const int64_t p1 = std::min(k, p0 + kChunk);
+    int64_t j = 0;
+    for (; j + 2 <= rows; j += 2)
+      panel_chunk<MR, 2>(panel, ld, j, p0, p1, k, x, a.ldx, acc_lo, acc_hi, kPanel);
+    for (; j < rows; ++j) panel_chunk<MR, 1>(panel, ld, j, p0, p1, k, x, a.ldx, acc_lo, acc_hi, kPanel);
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int64_t j = 0; j < rows; ++j)
+      a.y[(i + r) * a.ldy + n0 + j] = reduce16(acc_lo[r * kPanel + j], acc_hi[r * kPanel + j]);
+}
+
+// Many rows: a panel of weight rows dequantised once into f32, then 2 × 2 register tiles over it, k chunk by
+// chunk (panel_rows).
 template <class Rows>
 void panel_gemm(const Rows& w, const LinearArgs& a) {
   constexpr int64_t kPanel = 16;
@@ -226,19 +434,9 @@ void panel_gemm(const Rows& w, const LinearArgs& a) {
         _mm256_storeu_ps(dst, v.lo);
         _mm256_storeu_ps(dst + 8, v.hi);
       }
-    const F32Rows f{panel.data(), ld, n0, {}};
-    for (int64_t i = 0; i < a.m; i += 2) {
-      const float* x = a.x + i * a.ldx;
-      float* y = a.y + i * a.ldy;
-      int64_t n = n0;
-      if (i + 2 <= a.m) {
-        for (; n + 2 <= n1; n += 2) tile<2, 2>(f, n, k, x, a.ldx, y, a.ldy);
-        for (; n < n1; ++n) tile<2, 1>(f, n, k, x, a.ldx, y, a.ldy);
-      } else {
-        for (; n + 2 <= n1; n += 2) tile<1, 2>(f, n, k, x, a.ldx, y, a.ldy);
-        for (; n < n1; ++n) tile<1, 1>(f, n, k, x, a.ldx, y, a.ldy);
-      }
-    }
+    int64_t i = 0;
+    for (; i + 2 <= a.m; i += 2) panel_rows<2>(panel.data(), ld, n0, n1, k, a, i);
+    if (i < a.m) panel_rows<1>(panel.data(), ld, n0, n1, k, a, i);
   }
 }
 
@@ -247,6 +445,11 @@ void linear(const LinearArgs& a, WeightFormat format) {
   quant::check_linear_args(a, format);
   if (a.m == 0 || a.n0 == a.n1) return;
   const Rows w(*a.w);
+  if (a.m <= 3) {
+    if constexpr (std::is_same_v<Rows, Fp4Rows>) return stream_fast(Fp4Decoder{}, w, a);
+    if constexpr (std::is_same_v<Rows, Fp8Rows>)
+      if (quant::fp8_scales_foldable(*a.w, a.n0, a.n1)) return stream_fast(Fp8Decoder{}, w, a);
+  }
   switch (a.m) {
     case 1:
       return stream_rows<1, 4>(w, a);

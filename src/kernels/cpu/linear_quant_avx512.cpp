@@ -110,20 +110,6 @@ struct Fp4Rows {
   }
 };
 
-// Dequantised rows in an f32 panel (the prefill path): no scales.
-struct F32Rows {
-  const float* data;
-  int64_t ld, first_row;
-  struct NoScales {
-    int64_t row_base(int64_t) const { return 0; }
-    int steps_per_block() const { return 1 << 30; }
-    float get(int64_t) const { return 1.0f; }
-  } scales;
-  __m512 load(int64_t n, int64_t p, float, __mmask16 mask) const {
-    return _mm512_maskz_loadu_ps(mask, data + (n - first_row) * ld + p);
-  }
-};
-
 // MR x rows × NR weight rows starting at n; each step decodes NR weight vectors once for all MR rows.
 template <int MR, int NR, class Rows>
 void tile(const Rows& w, int64_t n, int64_t k, const float* x, int64_t ldx, float* y, int64_t ldy,
@@ -330,17 +316,6 @@ bool fast_tile(const Dec& dec, const Scales& sc, const uint8_t* data, int64_t ro
   return guard.clean();
 }
 
-// FP8's decode path multiplies by scale · 2^8, exact only below 2^119: a weight with a larger (or NaN) block
-// scale among rows [n0, n1) takes the two-step products of Fp8Rows::load instead.
-bool fp8_scales_foldable(const Scales& sc, int64_t n0, int64_t n1) {
-  const PackedWeight& w = *sc.w;
-  const int64_t blocks = (w.cols + w.block_cols - 1) / w.block_cols;
-  for (int64_t r = n0 / w.block_rows; r * w.block_rows < n1; ++r)
-    for (int64_t b = 0; b < blocks; ++b)
-      if (!(std::fabs(sc.get(r * w.scale_row_stride + b)) < 0x1p119f)) return false;
-  return true;
-}
-
 // Decode with the per-block decoders; a tile the decoder declines is redone by the exact tile over `exact`.
 template <int MR, int NR, int BC, class Dec, class Rows>
 void stream_rows_fast(const Dec& dec, const Rows& exact, const LinearArgs& a) {
@@ -378,24 +353,57 @@ void stream_fast(const Dec& dec, const Rows& w, const LinearArgs& a) {
   }
 }
 
-template <int NR>
-void panel_row_tail(const F32Rows& w, int64_t n, int64_t k, const LinearArgs& a, int64_t i) {
-  const float* x = a.x + i * a.ldx;
-  float* y = a.y + i * a.ldy;
-  switch (a.m - i) {
-    case 3:
-      return tile<3, NR>(w, n, k, x, a.ldx, y, a.ldy);
-    case 2:
-      return tile<2, NR>(w, n, k, x, a.ldx, y, a.ldy);
-    case 1:
-      return tile<1, NR>(w, n, k, x, a.ldx, y, a.ldy);
-    default:
-      return;
+// MR x rows × NR panel rows over columns [p0, p1) of k, continuing the accumulators in `acc` (MR × kPanel
+// vectors, row i's at acc + i * kPanel + j): each lane's FMA chain runs on across chunks in ascending k, so
+// chunking k changes no bit of the result.
+template <int MR, int NR>
+void panel_chunk(const float* panel, int64_t ld, int64_t j0, int64_t p0, int64_t p1, int64_t k,
+                 const float* x, int64_t ldx, __m512* acc, int64_t acc_stride) {
+  __m512 c[MR][NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) c[i][j] = acc[i * acc_stride + j0 + j];
+  for (int64_t p = p0; p < p1; p += 16) {
+    const __mmask16 mask = tail_mask(k - p);
+    __m512 wv[NR];
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) wv[j] = _mm512_maskz_loadu_ps(mask, panel + (j0 + j) * ld + p);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + p);
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) c[i][j] = _mm512_fmadd_ps(xv, wv[j], c[i][j]);
+    }
   }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) acc[i * acc_stride + j0 + j] = c[i][j];
+}
+
+// MR (≤ 4) x rows starting at i against the whole panel [n0, n1), k in chunks of kChunk columns so the x
+// rows and the panel's chunk stay in L1 (a whole row of k = 2048 floats × 4 rows + 16 panel rows would not).
+template <int MR>
+void panel_rows(const float* panel, int64_t ld, int64_t n0, int64_t n1, int64_t k, const LinearArgs& a,
+                int64_t i) {
+  constexpr int64_t kPanel = 16, kChunk = 256;
+  __m512 acc[MR * kPanel];
+  for (auto& v : acc) v = _mm512_setzero_ps();
+  const float* x = a.x + i * a.ldx;
+  const int64_t rows = n1 - n0;
+  for (int64_t p0 = 0; p0 < k; p0 += kChunk) {
+    const int64_t p1 = std::min(k, p0 + kChunk);
+    int64_t j = 0;
+    for (; j + 4 <= rows; j += 4) panel_chunk<MR, 4>(panel, ld, j, p0, p1, k, x, a.ldx, acc, kPanel);
+    for (; j < rows; ++j) panel_chunk<MR, 1>(panel, ld, j, p0, p1, k, x, a.ldx, acc, kPanel);
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int64_t j = 0; j < rows; ++j) a.y[(i + r) * a.ldy + n0 + j] = reduce16(acc[r * kPanel + j]);
 }
 
 // Many rows: a panel of kPanel weight rows is dequantised once into f32 (in L2), then every block of four x
-// rows passes over it in 4 × 4 register tiles, so each x block is reused kPanel / 4 times from L1.
+// rows passes over it in 4 × 4 register tiles, k chunk by chunk (panel_rows).
 template <class Rows>
 void panel_gemm(const Rows& w, const LinearArgs& a) {
   constexpr int64_t kPanel = 16;
@@ -411,17 +419,20 @@ void panel_gemm(const Rows& w, const LinearArgs& a) {
         _mm512_storeu_ps(panel.data() + (n - n0) * ld + p, w.load(n, p, scale, tail_mask(k - p)));
       }
     }
-    const F32Rows f{panel.data(), ld, n0, {}};
     int64_t i = 0;
-    for (; i + 4 <= a.m; i += 4) {
-      int64_t n = n0;
-      for (; n + 4 <= n1; n += 4) tile<4, 4>(f, n, k, a.x + i * a.ldx, a.ldx, a.y + i * a.ldy, a.ldy);
-      for (; n < n1; ++n) tile<4, 1>(f, n, k, a.x + i * a.ldx, a.ldx, a.y + i * a.ldy, a.ldy);
-    }
-    if (i < a.m) {
-      int64_t n = n0;
-      for (; n + 4 <= n1; n += 4) panel_row_tail<4>(f, n, k, a, i);
-      for (; n < n1; ++n) panel_row_tail<1>(f, n, k, a, i);
+    for (; i + 4 <= a.m; i += 4) panel_rows<4>(panel.data(), ld, n0, n1, k, a, i);
+    switch (a.m - i) {
+      case 3:
+        panel_rows<3>(panel.data(), ld, n0, n1, k, a, i);
+        break;
+      case 2:
+        panel_rows<2>(panel.data(), ld, n0, n1, k, a, i);
+        break;
+      case 1:
+        panel_rows<1>(panel.data(), ld, n0, n1, k, a, i);
+        break;
+      default:
+        break;
     }
   }
 }
@@ -437,7 +448,7 @@ void linear(const LinearArgs& a, WeightFormat format) {
       return stream_fast<16>(Fp4Decoder{}, w, a);
     }
     if constexpr (std::is_same_v<Rows, Fp8Rows>)
-      if (fp8_scales_foldable(w.scales, a.n0, a.n1)) return stream_fast<0>(Fp8Decoder{}, w, a);
+      if (quant::fp8_scales_foldable(*a.w, a.n0, a.n1)) return stream_fast<0>(Fp8Decoder{}, w, a);
   }
   switch (a.m) {
     case 1:

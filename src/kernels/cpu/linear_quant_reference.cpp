@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/linear_lanes.hpp"
 #include "kernels/cpu/linear_quant.hpp"
+#include "kernels/quant/block_scale.hpp"
 #include "kernels/quant/codecs.hpp"
 #include "xmoe/error.hpp"
 
@@ -17,6 +18,15 @@ void fill_scale_table(const PackedWeight& w, float table[256]) {
     const float s = w.scale_type == ScaleType::e8m0 ? e8m0_to_f32(code) : e4m3_to_f32(code);
     table[c] = w.format == WeightFormat::nvfp4 ? s * w.global_scale : s;
   }
+}
+
+bool fp8_scales_foldable(const PackedWeight& w, int64_t n0, int64_t n1) {
+  const int64_t blocks = (w.cols + w.block_cols - 1) / w.block_cols;
+  for (int64_t r = n0 / w.block_rows; r * w.block_rows < n1; ++r)
+    for (int64_t b = 0; b < blocks; ++b)
+      if (!(std::fabs(decode_scale(w.scale_type, w.scales, r * w.scale_row_stride + b)) < 0x1p119f))
+        return false;
+  return true;
 }
 
 void check_linear_args(const LinearArgs& a, WeightFormat format) {
