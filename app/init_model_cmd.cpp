@@ -121,14 +121,8 @@ std::vector<StreamedTensor> output_specs(const PlannedTensor& t, OutDType dt,
                                          const std::optional<QuantTarget>& quant) {
   if (quant && t.role == TensorRole::quantized_linear)
     return quantized_tensor_specs(*quant, t.name, t.shape[0], t.shape[1]);
-  if (quant && t.role == TensorRole::mxfp4_experts) {
-    const int64_t E = t.shape[0], in = t.shape[1], out = t.shape[2];
-    XMOE_CHECK(*quant == QuantTarget::mxfp4 && in % 32 == 0, "init-model: tensor '", t.name,
-               "' is published as MXFP4 only (--quant mxfp4, input dimension a multiple of 32), got --quant ",
-               quant_target_flag(*quant), " and ", in, " inputs");
-    return {{t.name + "_blocks", "U8", {E, out, in / 32, 16}, static_cast<size_t>(E * out * in / 2)},
-            {t.name + "_scales", "U8", {E, out, in / 32}, static_cast<size_t>(E * out * in / 32)}};
-  }
+  if (quant && t.role == TensorRole::mxfp4_experts)
+    return mxfp4_fused_expert_specs(*quant, t.name, t.shape[0], t.shape[1], t.shape[2]);
   return {{t.name, dt == OutDType::bf16 ? "BF16" : "F32", t.shape,
            static_cast<size_t>(t.numel()) * element_size(dt)}};
 }
@@ -182,9 +176,7 @@ void write_config_files(const InitModelOptions& o, const llm::ModelConfig& confi
   const bool gpt_oss_mxfp4 = std::any_of(
       plan.begin(), plan.end(), [](const PlannedTensor& t) { return t.role == TensorRole::mxfp4_experts; });
   if (quant && gpt_oss_mxfp4) {
-    // gpt-oss's own MXFP4 config (transformers' Mxfp4HfQuantizer), not compressed-tensors.
-    cfg["quantization_config"] = {{"quant_method", "mxfp4"},
-                                  {"modules_to_not_convert", llm::kept_linear_modules(plan)}};
+    write_mxfp4_experts_config(cfg, llm::kept_linear_modules(plan));
   } else if (quant) {
     write_quantization_config(*quant, cfg, llm::kept_linear_modules(plan), o.out);
   }
@@ -231,16 +223,11 @@ std::vector<std::vector<uint8_t>> quantized_linear(uint64_t seed, double std_dev
 std::vector<std::vector<uint8_t>> mxfp4_experts(uint64_t seed, double std_dev, const PlannedTensor& t) {
   const int64_t E = t.shape[0], in = t.shape[1], out = t.shape[2];
   std::vector<std::vector<uint8_t>> bytes(2);
-  std::vector<float> w(static_cast<size_t>(in * out)), wt(w.size());
+  std::vector<float> w(static_cast<size_t>(in * out));
   for (int64_t e = 0; e < E; ++e) {
     fill_tensor(seed, std_dev, t, e * in * out, in * out, OutDType::f32,
                 reinterpret_cast<std::byte*>(w.data()));
-    for (int64_t i = 0; i < in; ++i)
-      for (int64_t o = 0; o < out; ++o)
-        wt[static_cast<size_t>(o * in + i)] = w[static_cast<size_t>(i * out + o)];
-    const kernels::quant::QuantizedMatrix q = kernels::quant::quantize_mxfp4(wt.data(), out, in);
-    bytes[0].insert(bytes[0].end(), q.data.begin(), q.data.end());
-    bytes[1].insert(bytes[1].end(), q.scales.begin(), q.scales.end());
+    append_mxfp4_fused_expert(w.data(), in, out, bytes);
   }
   return bytes;
 }

@@ -148,6 +148,34 @@ std::vector<std::vector<uint8_t>> quantized_tensor_bytes(QuantTarget t, const fl
   return {};
 }
 
+std::vector<StreamedTensor> mxfp4_fused_expert_specs(QuantTarget t, const std::string& name, int64_t experts,
+                                                     int64_t in, int64_t out) {
+  XMOE_CHECK(
+      t == QuantTarget::mxfp4 && in % 32 == 0, "tensor '", name,
+      "' (fused experts) is published as MXFP4 only (--quant/--to mxfp4, input dimension a multiple of "
+      "32), got ",
+      quant_target_flag(t), " and ", in, " inputs");
+  return {{name + "_blocks", "U8", {experts, out, in / 32, 16}, static_cast<size_t>(experts * out * in / 2)},
+          {name + "_scales", "U8", {experts, out, in / 32}, static_cast<size_t>(experts * out * in / 32)}};
+}
+
+void append_mxfp4_fused_expert(const float* w, int64_t in, int64_t out,
+                               std::vector<std::vector<uint8_t>>& bytes) {
+  std::vector<float> wt(static_cast<size_t>(in * out));
+  for (int64_t i = 0; i < in; ++i)
+    for (int64_t o = 0; o < out; ++o)
+      wt[static_cast<size_t>(o * in + i)] = w[static_cast<size_t>(i * out + o)];
+  const kernels::quant::QuantizedMatrix q = kernels::quant::quantize_mxfp4(wt.data(), out, in);
+  bytes.resize(2);
+  bytes[0].insert(bytes[0].end(), q.data.begin(), q.data.end());
+  bytes[1].insert(bytes[1].end(), q.scales.begin(), q.scales.end());
+}
+
+void write_mxfp4_experts_config(nlohmann::ordered_json& config,
+                                const std::vector<std::string>& kept_modules) {
+  config["quantization_config"] = {{"quant_method", "mxfp4"}, {"modules_to_not_convert", kept_modules}};
+}
+
 void write_quantization_config(QuantTarget t, nlohmann::ordered_json& config,
                                std::vector<std::string> kept_modules, const std::string& dir) {
   std::stable_partition(kept_modules.begin(), kept_modules.end(),

@@ -50,6 +50,17 @@ std::vector<StreamedTensor> quantized_tensor_specs(QuantTarget t, const std::str
 std::vector<std::vector<uint8_t>> quantized_tensor_bytes(QuantTarget t, const float* w, int64_t rows,
                                                          int64_t cols, float nvfp4_weight_scale_2);
 
+// gpt-oss's fused experts [E, in, out] (x @ W) as published in MXFP4: `<name>_blocks` U8 [E, out, in/32, 16]
+// + `<name>_scales` U8 [E, out, in/32] (each expert transposed to its [out, in] linear). Throws naming the
+// tensor unless the target is MXFP4 and `in` a multiple of 32 (gpt-oss publishes its experts in MXFP4 only).
+std::vector<StreamedTensor> mxfp4_fused_expert_specs(QuantTarget t, const std::string& name, int64_t experts,
+                                                     int64_t in, int64_t out);
+// Appends one expert's [in, out] weights quantized: the blocks to bytes[0], the scales to bytes[1].
+void append_mxfp4_fused_expert(const float* w, int64_t in, int64_t out,
+                               std::vector<std::vector<uint8_t>>& bytes);
+// gpt-oss's own `quantization_config` (transformers' Mxfp4HfQuantizer: quant_method "mxfp4").
+void write_mxfp4_experts_config(nlohmann::ordered_json& config, const std::vector<std::string>& kept_modules);
+
 // Adds config.json's `quantization_config` (and for NVFP4 writes `hf_quant_config.json` into dir), naming as
 // not converted the linear modules the writer left unquantized (the plan's kept_linear ones, top-level
 // modules such as lm_head first).

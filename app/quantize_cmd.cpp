@@ -70,8 +70,9 @@ std::vector<float> to_f32(const Source& s, const std::string& name) {
   else
     throw Error("quantize: " + f.path() + ": tensor '" + name + "' has dtype " + e.dtype +
                 " (expected BF16, F16 or F32: the input must be an unquantized checkpoint)");
-  w.rows = e.shape[0];
-  w.cols = e.shape[1];
+  // A fused 3-D expert tensor [E, in, out] reads as its E·in rows of out.
+  w.rows = e.shape.size() == 3 ? e.shape[0] * e.shape[1] : e.shape[0];
+  w.cols = e.shape.back();
   w.data = f.bytes(name).data();
   w.row_bytes = w.cols * (e.dtype == "F32" ? 4 : 2);
   std::vector<float> out(static_cast<size_t>(w.rows * w.cols));
@@ -96,12 +97,23 @@ struct Plans {
     }
     return t->role == llm::TensorRole::quantized_linear && e.shape.size() == 2 ? t : nullptr;
   }
+  // The planned tensor when `name` is one of gpt-oss's fused expert tensors published in MXFP4, else nullptr.
+  const llm::PlannedTensor* mxfp4_experts(const std::string& name, const SafetensorsEntry& e) const {
+    const llm::PlannedTensor* t = llm::find_planned(per_expert, name);
+    return t && t->role == llm::TensorRole::mxfp4_experts && e.shape.size() == 3 ? t : nullptr;
+  }
+  bool has_mxfp4_experts() const {
+    return std::any_of(per_expert.begin(), per_expert.end(),
+                       [](const llm::PlannedTensor& t) { return t.role == llm::TensorRole::mxfp4_experts; });
+  }
 };
 
 std::vector<StreamedTensor> output_specs(const Source& s, const Plans& plans, const std::string& name,
                                          QuantTarget to) {
   const SafetensorsEntry& e = s.entry(name);
   if (plans.quantized(name, e)) return quantized_tensor_specs(to, name, e.shape[0], e.shape[1]);
+  if (plans.mxfp4_experts(name, e))
+    return mxfp4_fused_expert_specs(to, name, e.shape[0], e.shape[1], e.shape[2]);
   return {{name, e.dtype, e.shape, e.end - e.begin}};
 }
 
@@ -141,6 +153,10 @@ int run_quantize(const QuantizeOptions& o) {
   const llm::Architecture& arch = llm::architecture_of(model_config);
   const Plans plans{arch.tensors(model_config, llm::ExpertLayout::per_expert),
                     arch.tensors(model_config, llm::ExpertLayout::fused)};
+  // gpt-oss publishes its fused experts in MXFP4 and the rest unquantized: no other target exists for it.
+  XMOE_CHECK(!plans.has_mxfp4_experts() || to == QuantTarget::mxfp4, "quantize: ", o.in, "/config.json (",
+             arch.name(), ")", " has fused experts published in MXFP4 only; --to ", o.to,
+             " is not a layout of this architecture");
   std::error_code ec;
   if (fs::exists(o.out, ec))
     XMOE_CHECK(fs::is_directory(o.out, ec) && fs::is_empty(o.out, ec), "quantize: ", o.out,
@@ -179,6 +195,16 @@ int run_quantize(const QuantizeOptions& o) {
           writer.write({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()});
           written += bytes.size();
         }
+      } else if (plans.mxfp4_experts(e.name, e)) {
+        const std::vector<float> w = to_f32(src, e.name);
+        const int64_t in = e.shape[1], out = e.shape[2];
+        std::vector<std::vector<uint8_t>> bytes(2);
+        for (int64_t x = 0; x < e.shape[0]; ++x)
+          append_mxfp4_fused_expert(w.data() + x * in * out, in, out, bytes);
+        for (const auto& b : bytes) {
+          writer.write({reinterpret_cast<const std::byte*>(b.data()), b.size()});
+          written += b.size();
+        }
       } else {
         writer.write(f.bytes(e.name));
         written += e.end - e.begin;
@@ -195,7 +221,10 @@ int run_quantize(const QuantizeOptions& o) {
     index["weight_map"] = weight_map;
     write_text_file(o.out + "/model.safetensors.index.json", index.dump(2) + "\n");
   }
-  write_quantization_config(to, config, llm::kept_linear_modules(plans.per_expert), o.out);
+  if (plans.has_mxfp4_experts())
+    write_mxfp4_experts_config(config, llm::kept_linear_modules(plans.per_expert));
+  else
+    write_quantization_config(to, config, llm::kept_linear_modules(plans.per_expert), o.out);
   write_text_file(o.out + "/config.json", config.dump(2) + "\n");
   copy_side_files(o.in, o.out);
   std::printf("wrote %s: %s, %.3f GB (from %.3f GB) in %zu file(s)\n", o.out.c_str(), quant_target_flag(to),

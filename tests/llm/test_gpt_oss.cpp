@@ -17,6 +17,7 @@
 #include "llm/arch/architecture.hpp"
 #include "llm/chat_setup.hpp"
 #include "model_oracle.hpp"
+#include "xmoe/safetensors.hpp"
 #include "xmoe/tokenizer.hpp"
 
 namespace xmoe::llm::test {
@@ -153,6 +154,47 @@ TEST(GptOss, InitModelWritesALoadableCheckpointWithHarmonyTokenizer) {
   EXPECT_TRUE(
       render_chat_prompt(setup, chat).ends_with("<|start|>user<|message|>Hi<|end|><|start|>assistant"));
   EXPECT_EQ(setup.eos_token_ids.size(), 3u);  // <|return|>, <|endoftext|>, <|call|>
+  std::filesystem::remove_all(dir);
+}
+
+// xmoe quantize --to mxfp4 converts a BF16/F32 gpt-oss checkpoint to the published layout: the fused experts
+// become the same *_blocks/*_scales bytes init-model --quant mxfp4 writes from the same weights, everything
+// else is copied, and the config is gpt-oss's own (quant_method mxfp4); other targets are refused by name.
+TEST(GptOss, QuantizeConvertsTheFusedExpertsToPublishedMxfp4) {
+  char tmpl[] = "/tmp/xmoe_gpt_oss_q_XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const std::string config = kModels + "/gpt-oss-bf16/config.json";
+  auto r =
+      testing_cli::run_cli("init-model --config " + config + " --out " + dir + "/f32 --dtype f32 --seed 9");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = testing_cli::run_cli("init-model --config " + config + " --out " + dir +
+                           "/q --dtype f32 --seed 9 --quant mxfp4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = testing_cli::run_cli("quantize --to mxfp4 " + dir + "/f32 " + dir + "/conv");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto q = SafetensorsFile::open(dir + "/q/model.safetensors");
+  const auto conv = SafetensorsFile::open(dir + "/conv/model.safetensors");
+  int experts = 0;
+  for (const auto& e : q.entries()) {
+    ASSERT_TRUE(conv.contains(e.name)) << e.name;
+    EXPECT_EQ(conv.entry(e.name).dtype, e.dtype) << e.name;
+    EXPECT_EQ(conv.entry(e.name).shape, e.shape) << e.name;
+    const auto a = q.bytes(e.name), b = conv.bytes(e.name);
+    EXPECT_TRUE(a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin())) << e.name;
+    experts += e.name.ends_with("_blocks");
+  }
+  EXPECT_EQ(experts, 2 * 4);  // gate_up and down, 4 layers
+  EXPECT_EQ(conv.entries().size(), q.entries().size());
+  const nlohmann::json qc =
+      nlohmann::json::parse(std::ifstream(dir + "/conv/config.json"))["quantization_config"];
+  EXPECT_EQ(qc["quant_method"], "mxfp4");
+  EXPECT_EQ(qc, nlohmann::json::parse(std::ifstream(dir + "/q/config.json"))["quantization_config"]);
+  Loaded l = load(dir + "/conv", DType::f32);
+  EXPECT_EQ(l.ckpt.quantization().scheme, QuantScheme::mxfp4);
+  const auto bad = testing_cli::run_cli("quantize --to nvfp4 " + dir + "/f32 " + dir + "/bad");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.output.find("published in MXFP4 only"), std::string::npos) << bad.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/bad"));
   std::filesystem::remove_all(dir);
 }
 
