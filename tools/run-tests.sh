@@ -16,7 +16,10 @@ XMOE_CLI="$PWD/build/xmoe" build/venv/bin/python -m pytest tests/serve -q -p no:
 # The Python package (xmoe.moe, xmoe.LLM) against PyTorch, once: `pip install .` (scikit-build-core and
 # nanobind from PyPI build the extension and the core library it links, nothing else) into a venv that sees
 # Debian's python3-torch and pytest.
-python3 -m venv --system-site-packages build/venv-torch
+# Debian's own interpreter: a python3 earlier on PATH (pyenv, conda) does not see Debian's packages.
+debian_python=/usr/bin/python3
+[ -x "$debian_python" ] || debian_python=python3
+"$debian_python" -m venv --system-site-packages build/venv-torch
 CMAKE_GENERATOR="Unix Makefiles" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" build/venv-torch/bin/pip install -q --disable-pip-version-check .
 XMOE_CLI="$PWD/build/xmoe" build/venv-torch/bin/python -m pytest python/tests -q -p no:cacheprovider
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXMOE_SANITIZE=ON >/dev/null
