@@ -28,7 +28,8 @@ struct Fixture {
   SafetensorsFile file =
       SafetensorsFile::open(std::string(XMOE_TEST_DATA_DIR) + "/gpt_oss/experts.safetensors");
   std::vector<int64_t> shape(const std::string& name) const {
-    const auto d = file.tensor(name).shape().dims();
+    const Tensor t = file.tensor(name);  // the shape's span points into the tensor: keep it alive
+    const auto d = t.shape().dims();
     return {d.begin(), d.end()};
   }
   std::vector<float> f32(const std::string& name) const {
