@@ -228,8 +228,8 @@ int run_generate(const GenerateOptions& o) {
   engine_options.max_running = sequences;
   engine_options.eos_token_ids = setup.eos_token_ids;
   // A chat's output goes through the template's output parser (one per sequence): the answer on stdout, the
-  // reasoning on stderr with --show-reasoning (harmony's channel markup is made of special tokens, which the
-  // parser must see).
+  // reasoning on stderr with --show-reasoning (harmony's channel markup and some families' thinking and tool
+  // markers are special tokens, which the parser must see).
   const serve::OutputFormat format =
       o.chat ? serve::detect_output_format(setup, checkpoint.config()) : serve::OutputFormat::plain;
   const auto make_parser = [&]() -> std::unique_ptr<serve::OutputParser> {
@@ -256,7 +256,7 @@ int run_generate(const GenerateOptions& o) {
   std::unique_ptr<serve::OutputParser> stream_parser = make_parser();
   if (tokenizer)
     engine_options.text_stream =
-        llm::tokenizer_text_stream(*tokenizer, !(o.chat && format == serve::OutputFormat::harmony));
+        llm::tokenizer_text_stream(*tokenizer, !(o.chat && serve::output_format_uses_special_tokens(format)));
   // Sequence i: prompt i mod the number of prompts, seed + i.
   const auto make_request = [&](int i) {
     llm::GenerationRequest request;

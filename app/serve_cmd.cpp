@@ -130,9 +130,10 @@ int run_serve(const ServeOptions& o) {
   service_options.engine.max_running = o.max_batch;
   service_options.engine.max_step_tokens = std::max<int64_t>(o.prefill_chunk, o.max_batch);
   service_options.engine.eos_token_ids = bundle.chat.eos_token_ids;
-  // harmony's channel markup is made of special tokens, which its output parser must see
+  // harmony's channels and DeepSeek's, Kimi's and GLM's tool-call markers are special tokens, which their
+  // output parsers must see
   service_options.engine.text_stream =
-      llm::tokenizer_text_stream(tokenizer, info.output_format != serve::OutputFormat::harmony);
+      llm::tokenizer_text_stream(tokenizer, !serve::output_format_uses_special_tokens(info.output_format));
   serve::ServerMetrics metrics;
   serve::Service service(*bundle.model, info, service_options, &metrics);
 

@@ -78,17 +78,31 @@ std::vector<std::string> forced_tool_names(const ChatRequest& request) {
 std::string forced_tool_prefix(OutputFormat format, const ChatRequest& request) {
   const std::vector<std::string> names = forced_tool_names(request);
   if (names.empty()) return "";
+  const bool one = names.size() == 1;
   switch (format) {
     case OutputFormat::qwen3:
-      if (names.size() == 1) return "<tool_call>\n{\"name\": " + quoted(names[0]) + ", \"arguments\": ";
+      if (one) return "<tool_call>\n{\"name\": " + quoted(names[0]) + ", \"arguments\": ";
       return "<tool_call>\n{\"name\": \"";
     case OutputFormat::qwen3_coder:
-      if (names.size() == 1) return "<tool_call>\n<function=" + names[0] + ">\n";
+      if (one) return "<tool_call>\n<function=" + names[0] + ">\n";
       return "<tool_call>\n<function=";
     case OutputFormat::harmony:
-      if (names.size() == 1)
-        return "<|channel|>commentary to=functions." + names[0] + " <|constrain|>json<|message|>";
+      if (one) return "<|channel|>commentary to=functions." + names[0] + " <|constrain|>json<|message|>";
       return "<|channel|>commentary to=functions.";
+    case OutputFormat::deepseek_v3:
+      return "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>" + (one ? names[0] + "<｜tool▁sep｜>" : "");
+    case OutputFormat::deepseek_v32:
+      return "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"" + (one ? names[0] + "\">\n" : "");
+    case OutputFormat::kimi_k2: {
+      if (!one) return "<|tool_calls_section_begin|><|tool_call_begin|>functions.";
+      // Kimi's template numbers every call of the conversation; the forced one is the next.
+      size_t calls = 0;
+      for (const ChatMessage& m : request.messages) calls += m.tool_calls.size();
+      return "<|tool_calls_section_begin|><|tool_call_begin|>functions." + names[0] + ":" +
+             std::to_string(calls) + "<|tool_call_argument_begin|>";
+    }
+    case OutputFormat::glm4:
+      return "<tool_call>" + (one ? names[0] : "");
     case OutputFormat::plain:
       break;
   }
@@ -132,8 +146,23 @@ RenderedPrompt render_chat_prompt(const llm::ChatSetup& setup, const ChatRequest
     trimmed.remove_suffix(1);
   out.starts_in_thinking = trimmed.ends_with("<think>");
   if (tools_offered(request)) {
-    out.forced_prefix = forced_tool_prefix(output_format_of_template(setup), request);
-    if (!out.forced_prefix.empty()) out.starts_in_thinking = false;
+    const OutputFormat format = output_format_of_template(setup);
+    out.forced_prefix = forced_tool_prefix(format, request);
+    if (!out.forced_prefix.empty()) {
+      if (format == OutputFormat::glm4 && trimmed.ends_with("<|assistant|>")) {
+        // GLM-4.5/4.6 answer with a thinking block first; a forced call skips it as their template writes.
+        out.forced_prefix = "\n<think></think>\n" + out.forced_prefix;
+      } else if (format == OutputFormat::glm4 && trimmed.ends_with("<think></think>")) {
+        out.forced_prefix = "\n" + out.forced_prefix;  // GLM-4.5/4.6 with thinking off
+      } else if (out.starts_in_thinking && format != OutputFormat::qwen3 &&
+                 format != OutputFormat::qwen3_coder) {
+        // The prompt opened thinking (DeepSeek, GLM-4.7): close it before the call; the parser reads the
+        // close as the end of an empty thinking block.
+        out.forced_prefix = "</think>" + out.forced_prefix;
+      } else {
+        out.starts_in_thinking = false;
+      }
+    }
   }
   out.text += out.forced_prefix;
   return out;

@@ -32,6 +32,14 @@ std::unique_ptr<OutputParser> make_output_parser(OutputFormat format, const Outp
       return make_qwen3_coder_output_parser(options);
     case OutputFormat::harmony:
       return make_harmony_output_parser(options);
+    case OutputFormat::deepseek_v3:
+      return make_deepseek_v3_output_parser(options);
+    case OutputFormat::deepseek_v32:
+      return make_deepseek_v32_output_parser(options);
+    case OutputFormat::kimi_k2:
+      return make_kimi_k2_output_parser(options);
+    case OutputFormat::glm4:
+      return make_glm4_output_parser(options);
     case OutputFormat::plain:
       break;
   }

@@ -46,13 +46,17 @@ class OutputParser {
   virtual void finish(std::vector<OutputEvent>& out) = 0;
 };
 
-enum class OutputFormat { plain, qwen3, qwen3_coder, harmony };
+enum class OutputFormat { plain, qwen3, qwen3_coder, harmony, deepseek_v3, deepseek_v32, kimi_k2, glm4 };
 const char* output_format_name(OutputFormat f);
 // From the chat template (Qwen3-Coder's <function=…> tool calls, Qwen3's <tool_call> JSON, gpt-oss's harmony
-// channels), else plain.
+// channels, DeepSeek's <｜tool▁calls▁begin｜> or DSML, Kimi's <|tool_calls_section_begin|>, GLM's
+// <arg_key>), else plain.
 OutputFormat detect_output_format(const llm::ChatSetup& setup, const llm::ModelConfig& config);
 // The same from the chat template alone (what render_chat_prompt needs to open a forced tool call).
 OutputFormat output_format_of_template(const llm::ChatSetup& setup);
 std::unique_ptr<OutputParser> make_output_parser(OutputFormat format, const OutputParserOptions& options);
+// Whether the format's markup is made of special tokens, which the engine's text stream must then keep
+// (skip_special_tokens off): harmony's channels, DeepSeek's and Kimi's tool-call markers, GLM's <arg_key>.
+bool output_format_uses_special_tokens(OutputFormat format);
 
 }  // namespace xmoe::serve

@@ -6,11 +6,6 @@ namespace xmoe::serve {
 
 namespace {
 
-constexpr std::string_view kThinkOpen = "<think>";
-constexpr std::string_view kThinkClose = "</think>";
-constexpr std::string_view kToolOpen = "<tool_call>";
-constexpr std::string_view kToolClose = "</tool_call>";
-
 bool is_space(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r';
 }
@@ -42,8 +37,8 @@ void append_event(std::vector<OutputEvent>& out, OutputEvent::Kind kind, std::st
 }
 
 TaggedOutputParser::TaggedOutputParser(const OutputParserOptions& options,
-                                       ToolCallBodyParserFactory make_body)
-    : options_(options), make_body_(std::move(make_body)) {
+                                       ToolCallBodyParserFactory make_body, TaggedMarkup markup)
+    : options_(options), make_body_(std::move(make_body)), markup_(std::move(markup)) {
   if (options_.starts_in_thinking && options_.parse_thinking) state_ = State::thinking;
   if (!options_.forced_prefix.empty()) push(options_.forced_prefix, prefix_events_);
 }
@@ -86,10 +81,13 @@ void TaggedOutputParser::process(std::vector<OutputEvent>& out) {
   for (;;) {
     std::vector<std::string_view> markers;
     if (state_ == State::text) {
-      if (options_.parse_thinking) markers.push_back(kThinkOpen);
-      if (options_.parse_tools) markers.push_back(kToolOpen);
+      if (options_.parse_thinking) markers.push_back(markup_.think_open);
+      if (options_.parse_tools) {
+        markers.push_back(markup_.call_open);
+        markers.insert(markers.end(), markup_.call_group_markers.begin(), markup_.call_group_markers.end());
+      }
     } else {
-      markers.push_back(state_ == State::thinking ? kThinkClose : kToolClose);
+      markers.push_back(state_ == State::thinking ? markup_.think_close : markup_.call_close);
     }
     size_t at = std::string::npos, len = 0;
     for (std::string_view m : markers) {
@@ -121,10 +119,12 @@ void TaggedOutputParser::process(std::vector<OutputEvent>& out) {
         raw_call_ += marker;
         give_back_call(out);
       }
-    } else if (marker == kThinkOpen) {
-      enter(State::thinking);
-    } else if (marker == kThinkClose) {
+    } else if (state_ == State::thinking) {
       enter(State::text);
+    } else if (marker == markup_.think_open) {
+      enter(State::thinking);
+    } else if (marker != markup_.call_open) {
+      enter(State::text);  // a call-group marker
     } else {
       // The space before a call is dropped, unless the call turns out to be text.
       raw_call_ = held_space_ + marker;

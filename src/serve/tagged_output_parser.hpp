@@ -1,7 +1,8 @@
-// The part of an output parser shared by the families that mark thinking with <think>…</think> and tool
-// calls with <tool_call>…</tool_call> (Qwen3, Qwen3-Coder): finding the markers as text streams in (a marker
-// split across pushes is held back until decided) and trimming the whitespace the templates put around them.
-// What lies between <tool_call> and </tool_call> is the family's own format, read by a ToolCallBodyParser.
+// The part of an output parser shared by the families that mark thinking with <think>…</think> and each tool
+// call with an opening and a closing marker (Qwen3 and Qwen3-Coder <tool_call>…</tool_call>, DeepSeek
+// <｜tool▁call▁begin｜>…, Kimi <|tool_call_begin|>…, GLM <tool_call>…): finding the markers as text streams
+// in (a marker split across pushes is held back until decided) and trimming the whitespace the templates put
+// around them. What lies between the call markers is the family's own format, read by a ToolCallBodyParser.
 #pragma once
 #include <functional>
 #include <memory>
@@ -28,9 +29,19 @@ class ToolCallBodyParser {
 
 using ToolCallBodyParserFactory = std::function<std::unique_ptr<ToolCallBodyParser>()>;
 
+// A family's markers.
+struct TaggedMarkup {
+  std::string_view think_open = "<think>", think_close = "</think>";
+  std::string_view call_open = "<tool_call>", call_close = "</tool_call>";
+  // Markers that enclose a group of calls (DeepSeek's <｜tool▁calls▁begin｜> … <｜tool▁calls▁end｜>): they
+  // carry nothing once each call has its own markers, so they are dropped like the space around a call.
+  std::vector<std::string_view> call_group_markers;
+};
+
 class TaggedOutputParser final : public OutputParser {
  public:
-  TaggedOutputParser(const OutputParserOptions& options, ToolCallBodyParserFactory make_body);
+  TaggedOutputParser(const OutputParserOptions& options, ToolCallBodyParserFactory make_body,
+                     TaggedMarkup markup = {});
   void push(std::string_view text, std::vector<OutputEvent>& out) override;
   void finish(std::vector<OutputEvent>& out) override;
 
@@ -43,6 +54,7 @@ class TaggedOutputParser final : public OutputParser {
 
   OutputParserOptions options_;
   ToolCallBodyParserFactory make_body_;
+  TaggedMarkup markup_;
   State state_ = State::text;
   std::string pending_;         // text not yet decided (may begin a marker)
   std::string held_space_;      // trailing whitespace of text/thinking, dropped if a marker follows
