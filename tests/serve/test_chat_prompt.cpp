@@ -74,6 +74,64 @@ TEST(ChatPrompt, ForcedToolCallOpenings) {
   EXPECT_EQ(p.text.find("get_weather"), std::string::npos);
 }
 
+// The forced opening of each newer family, and the parser reading the model's continuation after it: the
+// call comes out whole, whether the prompt left the model inside <think> or not.
+TEST(ChatPrompt, ForcedToolCallOpeningsOfDeepseekKimiGlm) {
+  struct Case {
+    const char* file;
+    bool thinking;
+    const char* prefix;
+    const char* continuation;
+  };
+  const Case cases[] = {
+      {"deepseek-ai-DeepSeek-V3.1.jinja", true,
+       "</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>",
+       "{\"city\": \"Oslo\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
+      {"deepseek-ai-DeepSeek-V3.1.jinja", false,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>",
+       "{\"city\": \"Oslo\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
+      {"deepseek-ai-DeepSeek-V3.2.jinja", true,
+       "</think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n",
+       "<｜DSML｜parameter name=\"city\" string=\"true\">Oslo</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+       "</｜DSML｜function_calls>"},
+      {"Kimi-K2-Instruct.jinja", false,
+       "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>",
+       "{\"city\": \"Oslo\"}<|tool_call_end|><|tool_calls_section_end|>"},
+      {"GLM-4.6.jinja", true, "\n<think></think>\n<tool_call>get_weather",
+       "\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>"},
+      {"GLM-4.6.jinja", false, "\n<tool_call>get_weather",
+       "\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>"},
+      {"GLM-4.7-Flash.jinja", true, "</think><tool_call>get_weather",
+       "<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.file) + (c.thinking ? " thinking" : ""));
+    const llm::ChatSetup setup = setup_for(c.file);
+    ChatRequest r = weather_request(ToolChoice::named);
+    r.enable_thinking = c.thinking;
+    const RenderedPrompt p = render_chat_prompt(setup, r);
+    EXPECT_EQ(p.forced_prefix, c.prefix);
+    EXPECT_TRUE(p.text.ends_with(p.forced_prefix));
+    OutputParserOptions o;
+    o.starts_in_thinking = p.starts_in_thinking;
+    o.forced_prefix = p.forced_prefix;
+    o.tools = r.tools;
+    const auto parser = make_output_parser(output_format_of_template(setup), o);
+    std::vector<OutputEvent> events;
+    parser->push(c.continuation, events);
+    parser->finish(events);
+    std::string args, name, other;
+    for (const OutputEvent& e : events) {
+      if (e.kind == OutputEvent::Kind::tool_call_begin) name += e.tool_name;
+      if (e.kind == OutputEvent::Kind::tool_call_arguments) args += e.text;
+      if (e.kind == OutputEvent::Kind::text || e.kind == OutputEvent::Kind::thinking) other += e.text;
+    }
+    EXPECT_EQ(name, "get_weather");
+    EXPECT_EQ(ojson::parse(args), ojson::parse(R"({"city": "Oslo"})"));
+    EXPECT_EQ(other, "");
+  }
+}
+
 TEST(ChatPrompt, ThinkingOpenedByTheTemplate) {
   llm::ChatSetup s;
   s.chat_template = "{{ '<|im_start|>assistant\\n' }}{% if enable_thinking %}{{ '<think>\\n' }}{% endif %}";

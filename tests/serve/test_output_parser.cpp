@@ -385,5 +385,111 @@ TEST(HarmonyParser, ForcedPrefixOpensTheCall) {
                      {Kind::tool_call_end, ""}});
 }
 
+// DeepSeek, Kimi and GLM beyond what their templates write (tests/serve/test_output_parser_oracle.cpp has
+// those): what their parsers do with text the templates never produce.
+OutputParserOptions with_weather_schema() {
+  OutputParserOptions o = with_tools();
+  ToolDefinition t;
+  t.name = "get_weather";
+  t.parameters = nlohmann::ordered_json::parse(
+      R"({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}})");
+  o.tools.push_back(t);
+  return o;
+}
+
+TEST(DeepseekV3Parser, CallWithoutSeparatorOrJsonIsText) {
+  check_every_split(OutputFormat::deepseek_v3, with_tools(), "a<｜tool▁call▁begin｜>f{}<｜tool▁call▁end｜>b",
+                    {{Kind::text, "a<｜tool▁call▁begin｜>f{}<｜tool▁call▁end｜>b"}});
+  check_every_split(OutputFormat::deepseek_v3, with_tools(),
+                    "<｜tool▁call▁begin｜>f<｜tool▁sep｜>[1]<｜tool▁call▁end｜>",
+                    {{Kind::text, "<｜tool▁call▁begin｜>f<｜tool▁sep｜>[1]<｜tool▁call▁end｜>"}});
+}
+
+TEST(DeepseekV3Parser, CutOffCallIsClosedAndGroupMarkersDropped) {
+  check_every_split(OutputFormat::deepseek_v3, with_tools(),
+                    "ok <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": [\"x",
+                    {{Kind::text, "ok"},
+                     {Kind::tool_call_begin, "f"},
+                     {Kind::tool_call_arguments, "{\"a\": [\"x\"]}"},
+                     {Kind::tool_call_end, ""}});
+}
+
+TEST(DeepseekV3Parser, ToolsNotOfferedLeavesMarkersAsText) {
+  OutputParserOptions o;
+  o.parse_tools = false;
+  o.starts_in_thinking = true;
+  check_every_split(OutputFormat::deepseek_v3, o, "r</think><｜tool▁calls▁begin｜>x",
+                    {{Kind::thinking, "r"}, {Kind::text, "<｜tool▁calls▁begin｜>x"}});
+}
+
+TEST(DeepseekV32Parser, ParameterWithoutStringAttributeFollowsTheSchema) {
+  check_every_split(
+      OutputFormat::deepseek_v32, with_weather_schema(),
+      "<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\">7</｜DSML｜parameter>"
+      "<｜DSML｜parameter name=\"days\">7</｜DSML｜parameter><｜DSML｜parameter name=\"x\" "
+      "string=\"false\">not json</｜DSML｜parameter></｜DSML｜invoke>",
+      {{Kind::tool_call_begin, "get_weather"},
+       {Kind::tool_call_arguments, "{\"city\": \"7\", \"days\": 7, \"x\": \"not json\"}"},
+       {Kind::tool_call_end, ""}});
+}
+
+TEST(DeepseekV32Parser, CutOffInsideAValue) {
+  check_every_split(OutputFormat::deepseek_v32, with_tools(),
+                    "<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"q\" string=\"true\">abc",
+                    {{Kind::tool_call_begin, "f"},
+                     {Kind::tool_call_arguments, "{\"q\": \"abc\"}"},
+                     {Kind::tool_call_end, ""}});
+}
+
+TEST(KimiK2Parser, CallIdWithoutNamespaceAndCutOffArguments) {
+  check_every_split(
+      OutputFormat::kimi_k2, with_tools(),
+      "<|tool_calls_section_begin|><|tool_call_begin|>lookup<|tool_call_argument_begin|>{\"k\": tr",
+      {{Kind::tool_call_begin, "lookup"},
+       {Kind::tool_call_arguments, "{\"k\": true}"},
+       {Kind::tool_call_end, ""}});
+}
+
+TEST(KimiK2Parser, CallWithoutArgumentMarkerIsText) {
+  check_every_split(OutputFormat::kimi_k2, with_tools(), "x<|tool_call_begin|>functions.f:0<|tool_call_end|>",
+                    {{Kind::text, "x<|tool_call_begin|>functions.f:0<|tool_call_end|>"}});
+}
+
+TEST(Glm4Parser, ValuesTypedBySchemaElseJsonElseString) {
+  check_every_split(
+      OutputFormat::glm4, with_weather_schema(),
+      "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>2</arg_value>\n"
+      "<arg_key>days</arg_key><arg_value>3</arg_value><arg_key>o</arg_key><arg_value>{\"a\": 1}"
+      "</arg_value><arg_key>s</arg_key><arg_value>a b</arg_value></tool_call>",
+      {{Kind::tool_call_begin, "get_weather"},
+       {Kind::tool_call_arguments, "{\"city\": \"2\", \"days\": 3, \"o\": {\"a\":1}, \"s\": \"a b\"}"},
+       {Kind::tool_call_end, ""}});
+}
+
+TEST(Glm4Parser, ProseBetweenMarkersIsNoCall) {
+  check_every_split(OutputFormat::glm4, with_tools(), "say <tool_call>not a name</tool_call> ok",
+                    {{Kind::text, "say <tool_call>not a name</tool_call> ok"}});
+}
+
+TEST(Glm4Parser, CallWithoutArgumentsAndCutOffValue) {
+  check_every_split(OutputFormat::glm4, with_tools(),
+                    "<tool_call>ping</tool_call><tool_call>f<arg_key>q</arg_key><arg_value>[1, 2",
+                    {{Kind::tool_call_begin, "ping", 0},
+                     {Kind::tool_call_arguments, "{}", 0},
+                     {Kind::tool_call_end, "", 0},
+                     {Kind::tool_call_begin, "f", 1},
+                     {Kind::tool_call_arguments, "{\"q\": \"[1, 2\"}", 1},
+                     {Kind::tool_call_end, "", 1}});
+}
+
+TEST(Glm4Parser, ForcedPrefixAfterThePromptsThinking) {
+  OutputParserOptions o = with_tools();
+  o.starts_in_thinking = true;  // GLM-4.7's prompt ends with <think>; the forced call closes it
+  o.forced_prefix = "</think><tool_call>f";
+  check_every_split(
+      OutputFormat::glm4, o, "<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>",
+      {{Kind::tool_call_begin, "f"}, {Kind::tool_call_arguments, "{\"a\": 1}"}, {Kind::tool_call_end, ""}});
+}
+
 }  // namespace
 }  // namespace xmoe::serve
