@@ -161,8 +161,25 @@ def anthropic_request(out):
                                       "content": [{"type": "text", "text": "21C"}]}]}]}))
 
 
+# fuzz_output_parser.cpp's formats, in its order: byte 0 % 3 + 3 × (byte 1 >> 4) indexes this list.
+OUTPUT_FORMATS = ["plain", "qwen3", "qwen3_coder", "harmony", "deepseek_v3", "deepseek_v32", "kimi_k2", "glm4"]
+# The oracle fixture's templates and the format each one's text is in.
+ORACLE_FORMATS = {"deepseek-ai-DeepSeek-V3.1.jinja": "deepseek_v3", "deepseek-ai-DeepSeek-V3.2.jinja": "deepseek_v32",
+                  "moonshotai-Kimi-K2.jinja": "kimi_k2", "Kimi-K2-Instruct.jinja": "kimi_k2",
+                  "Kimi-K2-Thinking.jinja": "kimi_k2", "GLM-4.6.jinja": "glm4", "GLM-4.7-Flash.jinja": "glm4"}
+
+
+def output_parser_header(flags, chunk, format_name):
+    # flags: bits 2-5 of byte 0 (tools, thinking, starts in thinking, schemas); chunk: 0..15.
+    f = OUTPUT_FORMATS.index(format_name)
+    nibble = ((f - flags % 3) * 3) % len(OUTPUT_FORMATS)  # 3 is its own inverse mod 8
+    assert (flags % 3 + 3 * nibble) % len(OUTPUT_FORMATS) == f
+    return bytes([flags, nibble << 4 | chunk])
+
+
 def output_parser(out):
-    # Byte 0: format (% 3: plain, qwen3, qwen3_coder) and option bits; byte 1: chunk size.
+    # Byte 0: format (% 3: plain, qwen3, qwen3_coder) and option bits; byte 1: chunk size (low nibble) and, in
+    # the high nibble, 3 × the formats after the first three.
     write = writer(out, "output_parser")
     qwen3 = ('<think>\nthe user wants weather\n</think>\n\nLet me check.\n<tool_call>\n'
              '{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>')
@@ -174,6 +191,15 @@ def output_parser(out):
             write(bytes([flags | 1, chunk]) + qwen3.encode())
             write(bytes([flags | 2, chunk]) + coder.encode())
             write(bytes([flags, chunk]) + b"plain <b>text</b> <think>")
+    # The texts the DeepSeek, Kimi and GLM templates write (tools/make_output_parser_fixtures.py).
+    oracle = json.loads((DATA / "serve" / "output_parser_oracle.json").read_text())
+    for entry in oracle["templates"]:
+        format_name = ORACLE_FORMATS[entry["template"]]
+        for i, case in enumerate(entry["cases"]):
+            if i % 3:
+                continue  # a third of the cases: each family's shapes without near-duplicates
+            flags = 0b101100 | (0b010000 if case["starts_in_thinking"] else 0)
+            write(output_parser_header(flags, i % 16, format_name) + case["generated"].encode())
 
 
 def main():

@@ -1,11 +1,13 @@
 // Model output of arbitrary text through the tool-call/thinking parsers (plain, Qwen3 <tool_call> JSON,
-// Qwen3-Coder <function=...>), as the engine delivers it: valid UTF-8. Byte 0 picks the format and options,
-// byte 1 the chunk size the text streams in. Properties: every finished tool call's argument fragments join
-// to a JSON object, and the events do not depend on how the text was split into pieces (compared after
-// joining adjacent pieces of the same kind).
+// Qwen3-Coder <function=...>, harmony, DeepSeek-V3.1 and V3.2, Kimi-K2, GLM), as the engine delivers it:
+// valid UTF-8. Byte 0 picks the options and, with byte 1's high nibble, the format; byte 1's low nibble the
+// chunk size the text streams in. Properties: every finished tool call's argument fragments join to a JSON
+// object, and the events do not depend on how the text was split into pieces (compared after joining adjacent
+// pieces of the same kind).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -83,7 +85,12 @@ std::vector<OutputEvent> run(xmoe::serve::OutputFormat format,
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   static const std::vector<xmoe::serve::ToolDefinition> offered = tools();
-  const xmoe::serve::OutputFormat format = static_cast<xmoe::serve::OutputFormat>(data[0] % 3);
+  using F = xmoe::serve::OutputFormat;
+  static constexpr F kFormats[] = {F::plain,       F::qwen3,        F::qwen3_coder, F::harmony,
+                                   F::deepseek_v3, F::deepseek_v32, F::kimi_k2,     F::glm4};
+  // Byte 0 % 3 alone picked the format when there were three; byte 1's high nibble (which the chunk size
+  // does not use) adds 3 × itself, so the older seeds keep their format.
+  const F format = kFormats[(data[0] % 3 + 3 * (data[1] >> 4)) % std::size(kFormats)];
   xmoe::serve::OutputParserOptions options;
   options.parse_tools = (data[0] >> 2) & 1;
   options.parse_thinking = (data[0] >> 3) & 1;
