@@ -102,6 +102,10 @@ def jinja_template(out):
         write(case["template"])
 
 
+FAMILY_CONVERSATIONS = {"agent_loop", "three_results_in_a_row", "answer_after_last_user", "string_arguments",
+                        "two_system_messages", "assistant_prefix", "think_tags_in_content", "tool_result_without_call"}
+
+
 def chat_template_render(out):
     # Byte 0 picks the template in sorted file-name order, as fuzz_chat_template_render.cpp does.
     write = writer(out, "chat_template_render")
@@ -110,6 +114,10 @@ def chat_template_render(out):
         cases = json.loads((DATA / "chat_templates" / (name[:-len(".jinja")] + ".json")).read_text())["cases"]
         for case in cases[:12]:
             write(bytes([index]) + dumps(case["context"]).encode())
+        # The DeepSeek / Kimi / GLM conversations (tools/family_template_cases.py), under one flag set each.
+        for case in cases[12:]:
+            if case["name"].split("/")[0] in FAMILY_CONVERSATIONS and case["name"].endswith("/thinking"):
+                write(bytes([index]) + dumps(case["context"]).encode())
 
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",

@@ -302,9 +302,13 @@ EXTRA_FLAG_CONVERSATIONS = {"tools_dict_arguments", "reasoning_content", "multim
 
 def template_conversations():
     """Conversations one template branches on beyond the generic ones: {template: module with conversations()
-    and flag_sets} (gpt-oss's harmony: tools/harmony_template_cases.py)."""
+    and flag_sets} (gpt-oss's harmony: tools/harmony_template_cases.py; DeepSeek, Kimi, GLM:
+    tools/family_template_cases.py)."""
+    import family_template_cases
     import harmony_template_cases
-    return {"openai-gpt-oss-120b": harmony_template_cases}
+    cases = {name: family_template_cases for name in family_template_cases.TEMPLATES}
+    cases["openai-gpt-oss-120b"] = harmony_template_cases
+    return cases
 
 
 def compile_template(source):
