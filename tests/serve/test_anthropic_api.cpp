@@ -269,6 +269,62 @@ TEST(AnthropicMessages, ForcedToolChoice) {
   EXPECT_EQ(j["stop_reason"], "tool_use");
 }
 
+// Kimi-K2-Thinking: the model writes <think> itself; thinking and tool_use blocks come back in order.
+TEST(AnthropicMessages, KimiThinkingAndToolUse) {
+  ScriptedBackend b("Kimi-K2-Thinking.jinja");
+  EXPECT_EQ(b.info().output_format, OutputFormat::kimi_k2);
+  b.scripts = {Script({"<think>Weather tool.</think>On it.<|tool_calls_section_begin|><|tool_call_begin|>",
+                       "functions.get_weather:0<|tool_call_argument_begin|>{\"city\": ",
+                       "\"Oslo\"}<|tool_call_end|><|tool_calls_section_end|>"})};
+  const json j = json::parse(anthropic_messages(tool_body(false), b).body);
+  ASSERT_EQ(j["content"].size(), 3u) << j;
+  EXPECT_EQ(j["content"][0]["type"], "thinking");
+  EXPECT_EQ(j["content"][0]["thinking"], "Weather tool.");
+  EXPECT_EQ(j["content"][1], json({{"type", "text"}, {"text", "On it."}}));
+  EXPECT_EQ(j["content"][2]["type"], "tool_use");
+  EXPECT_EQ(j["content"][2]["name"], "get_weather");
+  EXPECT_EQ(j["content"][2]["input"], json({{"city", "Oslo"}}));
+  EXPECT_EQ(j["stop_reason"], "tool_use");
+  EXPECT_TRUE(prompt_text(b).ends_with("<|im_assistant|>assistant<|im_middle|>")) << prompt_text(b);
+}
+
+// Kimi-K2's published templates call list.append, which jinja2's immutable sandbox (transformers' setup,
+// which xmoe follows) refuses: a conversation with an earlier tool call is a clear 400, not a crash.
+TEST(AnthropicMessages, KimiTemplateRefusesToolHistoryClearly) {
+  ScriptedBackend b("Kimi-K2-Instruct.jinja");
+  const ApiResponse r = anthropic_messages(R"({"max_tokens": 10,
+    "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+    "messages": [{"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+         "input": {"city": "Oslo"}}]},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]}]})",
+                                           b);
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("append"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("Kimi-K2-Instruct.jinja"), std::string::npos) << r.body;
+}
+
+// GLM-4.6 streamed: a thinking block, then a tool_use block whose input arrives as JSON deltas.
+TEST(AnthropicMessages, GlmThinkingAndToolUseStreamed) {
+  ScriptedBackend b("GLM-4.6.jinja");
+  b.scripts = {Script({"\n<think>Use the tool.</think>\n<tool_call>get_weather\n<arg_key>ci",
+                       "ty</arg_key>\n", "<arg_value>Oslo</arg_value>\n</tool_call>"})};
+  const std::vector<Event> ev = sse_events(run_stream(anthropic_messages(tool_body(true), b)));
+  std::vector<std::string> blocks;
+  std::string thinking, partial;
+  for (const Event& e : ev) {
+    if (e.name == "content_block_start") blocks.push_back(e.data["content_block"]["type"]);
+    if (e.name == "content_block_delta" && e.data["delta"]["type"] == "thinking_delta")
+      thinking += e.data["delta"]["thinking"].get<std::string>();
+    if (e.name == "content_block_delta" && e.data["delta"]["type"] == "input_json_delta")
+      partial += e.data["delta"]["partial_json"].get<std::string>();
+  }
+  EXPECT_EQ(blocks, (std::vector<std::string>{"thinking", "tool_use"}));
+  EXPECT_EQ(thinking, "Use the tool.");
+  EXPECT_EQ(json::parse(partial), json({{"city", "Oslo"}}));
+  EXPECT_EQ(ev[ev.size() - 2].data["delta"]["stop_reason"], "tool_use");
+}
+
 TEST(AnthropicMessages, UnknownFieldsAccepted) {
   ScriptedBackend b;
   b.scripts = {Script({"ok"})};

@@ -462,6 +462,81 @@ TEST(OpenAIChat, HarmonyReasoningEffortChannelsAndToolCall) {
   EXPECT_NE(prompt_text(b).find("type get_weather = (_: {"), std::string::npos) << prompt_text(b);
 }
 
+// DeepSeek-V3.1: `thinking` (a template keyword) opens <think> in the prompt; the answer's reasoning, text
+// and calls come back as OpenAI fields, and an earlier call in the conversation is rendered in DeepSeek's
+// markup.
+TEST(OpenAIChat, DeepseekThinkingAndToolCalls) {
+  ScriptedBackend b("deepseek-ai-DeepSeek-V3.1.jinja");
+  EXPECT_EQ(b.info().output_format, OutputFormat::deepseek_v3);
+  b.scripts = {
+      Script{{"The user wants weather.</th", "ink>Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_",
+              "weather<｜tool▁sep｜>{\"location\": \"Pa", "ris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"}}};
+  std::string body = kToolRequest;
+  body.insert(body.find("\"tools\""), R"("chat_template_kwargs": {"thinking": true}, )");
+  body.replace(body.find(R"([{"role": "user", "content": "Weather in Paris?"}])"), 50,
+               R"([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "", "tool_calls":
+                  [{"id": "call_0", "type": "function", "function": {"name": "get_weather",
+                  "arguments": "{\"location\": \"Rome\"}"}}]}, {"role": "tool", "tool_call_id": "call_0",
+                  "content": "sunny"}, {"role": "user", "content": "Weather in Paris?"}])");
+  ApiResponse r = openai_chat_completions(body + "}", b);
+  ASSERT_EQ(r.status, 200) << r.body;
+  json c = json::parse(r.body)["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
+  EXPECT_EQ(c["message"]["reasoning_content"], "The user wants weather.");
+  EXPECT_EQ(c["message"]["content"], "Checking.");
+  ASSERT_EQ(c["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(json::parse(c["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            json({{"location", "Paris"}}));
+  const std::string p = prompt_text(b);
+  EXPECT_NE(
+      p.find("<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"location\": \"Rome\"}<｜tool▁call▁end｜>"),
+      std::string::npos)
+      << p;
+  EXPECT_TRUE(p.ends_with("<｜User｜>Weather in Paris?<｜Assistant｜><think>")) << p;
+
+  // Streamed: the same call as fragments.
+  r = openai_chat_completions(body + R"(, "stream": true})", b);
+  std::string reasoning, args;
+  for (const json& chunk : sse_data(run_stream(r))) {
+    if (chunk["choices"].empty()) continue;
+    const json& d = chunk["choices"][0]["delta"];
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("tool_calls")) args += d["tool_calls"][0]["function"]["arguments"].get<std::string>();
+  }
+  EXPECT_EQ(reasoning, "The user wants weather.");
+  EXPECT_EQ(json::parse(args), json({{"location", "Paris"}}));
+}
+
+// GLM-4.7: the prompt opens <think> by default; arguments written as <arg_key>/<arg_value> come back as JSON
+// typed by the tool's schema. A forced call closes the thinking first.
+TEST(OpenAIChat, GlmToolCallAndForcedCall) {
+  ScriptedBackend b("GLM-4.7-Flash.jinja");
+  EXPECT_EQ(b.info().output_format, OutputFormat::glm4);
+  b.scripts = {Script{{"Weather needed.</think><tool_call>get_weather<arg_key>location</arg_key><arg_",
+                       "value>Paris</arg_value></tool_call>"}}};
+  ApiResponse r = openai_chat_completions(std::string(kToolRequest) + "}", b);
+  ASSERT_EQ(r.status, 200) << r.body;
+  json c = json::parse(r.body)["choices"][0];
+  EXPECT_EQ(c["message"]["reasoning_content"], "Weather needed.");
+  EXPECT_EQ(json::parse(c["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            json({{"location", "Paris"}}));
+
+  b.scripts = {Script{{"<arg_key>location</arg_key><arg_value>Rome</arg_value></tool_call>"}}};
+  r = openai_chat_completions(
+      std::string(kToolRequest) +
+          R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})",
+      b);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(prompt_text(b).ends_with("<|assistant|><think></think><tool_call>get_weather"))
+      << prompt_text(b);
+  c = json::parse(r.body)["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
+  EXPECT_FALSE(c["message"].contains("reasoning_content")) << c;
+  EXPECT_EQ(json::parse(c["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            json({{"location", "Rome"}}));
+}
+
 TEST(OpenAIModels, ListsTheServedModel) {
   ScriptedBackend b;
   const json j = json::parse(openai_models(b).body);
