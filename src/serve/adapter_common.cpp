@@ -168,12 +168,29 @@ LogitsProcessor forced_json_processor(const ChatRequest& request, const ModelInf
   c.end_tokens = info.chat ? info.chat->eos_token_ids : std::vector<int32_t>{};
   c.forbidden = {"<tool_call>", "</tool_call>", "<think>", "</think>"};
   if (forced_tool) {
-    // Only the JSON format has a JSON grammar to force; other formats get the forced opening alone.
-    if (format != OutputFormat::qwen3) return nullptr;
     const std::vector<std::string> names = forced_tool_names(request);
-    if (names.size() > 1)
-      for (const std::string& n : names) c.openings.push_back(json_quoted(n).substr(1) + ", \"arguments\": ");
-    c.suffix = "}\n</tool_call>";
+    switch (format) {
+      case OutputFormat::qwen3:
+        if (names.size() > 1)
+          for (const std::string& n : names)
+            c.openings.push_back(json_quoted(n).substr(1) + ", \"arguments\": ");
+        c.suffix = "}\n</tool_call>";
+        break;
+      case OutputFormat::deepseek_v3:
+      case OutputFormat::kimi_k2:
+        // One named call: the forced opening ends where its JSON arguments begin. The call's closing markers
+        // are special tokens, which constrained text never holds, so the object is followed by the end of the
+        // turn and the parser closes the call there.
+        if (names.size() != 1) return nullptr;
+        c.forbidden = format == OutputFormat::kimi_k2
+                          ? std::vector<std::string>{"<|tool_call_end|>", "<|tool_calls_section_end|>"}
+                          : std::vector<std::string>{"<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"};
+        break;
+      default:
+        // The other formats have no JSON grammar to force (or name the call inside it): the forced opening
+        // alone.
+        return nullptr;
+    }
   }
   std::shared_ptr<const TokenTexts> texts = info.token_texts;
   if (!texts) texts = make_token_texts(*info.tokenizer);

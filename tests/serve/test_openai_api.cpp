@@ -506,6 +506,22 @@ TEST(OpenAIChat, DeepseekThinkingAndToolCalls) {
   }
   EXPECT_EQ(reasoning, "The user wants weather.");
   EXPECT_EQ(json::parse(args), json({{"location", "Paris"}}));
+
+  // A named call: the prompt closes the thinking and opens the call; the arguments are forced JSON, and the
+  // output ending after the object (the end-of-turn token) ends the call.
+  b.scripts = {Script{{"{\"location\": ", "\"Rome\"}"}}};
+  r = openai_chat_completions(
+      body + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})", b);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(prompt_text(b).ends_with(
+      "<｜Assistant｜><think></think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"))
+      << prompt_text(b);
+  EXPECT_TRUE(static_cast<bool>(b.last.logits_processor));
+  c = json::parse(r.body)["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
+  EXPECT_FALSE(c["message"].contains("reasoning_content")) << c;
+  EXPECT_EQ(json::parse(c["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            json({{"location", "Rome"}}));
 }
 
 // GLM-4.7: the prompt opens <think> by default; arguments written as <arg_key>/<arg_value> come back as JSON
