@@ -1,6 +1,7 @@
 // DeepSeek's tool calls. Thinking is <think>…</think> (the prompt opens it when thinking is on).
-//   V3 / V3.1:  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{ARGS}<｜tool▁call▁end｜>…
+//   V3.1:       <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{ARGS}<｜tool▁call▁end｜>…
 //               <｜tool▁calls▁end｜>   (arguments stream out as the model writes them)
+//   V3 / R1:    the same markers around function<｜tool▁sep｜>NAME\n```json\n{ARGS}\n```
 //   V3.2 (DSML, ｜ is U+FF5C):  <｜DSML｜function_calls>\n<｜DSML｜invoke name="NAME">\n
 //               <｜DSML｜parameter name="K"
 //               string="true|false">VALUE</｜DSML｜parameter>\n…</｜DSML｜invoke>\n
@@ -37,9 +38,29 @@ class DeepseekV3ToolCallBody final : public ToolCallBodyParser {
     const size_t sep = head_.find(kSep);
     if (sep == std::string::npos) return;
     std::string name = trimmed(std::string_view(head_).substr(0, sep));
+    std::string_view rest = std::string_view(head_).substr(sep + kSep.size());
+    const size_t first = rest.find_first_not_of(" \t\r\n");
+    if (first == std::string_view::npos) return;
+    if (name == "function" && rest[first] != '{' && rest[first] != '"') {
+      // DeepSeek-V3 / R1: function<｜tool▁sep｜>NAME\n```json\nARGS\n```
+      const size_t newline = rest.find('\n', first);
+      if (newline == std::string_view::npos) return;
+      name = trimmed(rest.substr(0, newline));
+      rest.remove_prefix(newline + 1);
+      const size_t fence = rest.find_first_not_of(" \t\r\n");
+      if (fence == std::string_view::npos) return;
+      const std::string_view from_fence = rest.substr(fence);
+      if (from_fence.starts_with("```")) {
+        const size_t line_end = rest.find('\n', fence);
+        if (line_end == std::string_view::npos) return;
+        rest.remove_prefix(line_end + 1);
+      } else if (std::string_view("```").starts_with(from_fence)) {
+        return;  // "`" or "``": not yet known whether a fence opens
+      }
+    }
     if (name.empty()) return;  // no call: given back as text at its end
     args_.emplace(std::move(name));
-    args_->push(std::string_view(head_).substr(sep + kSep.size()), index, out);
+    args_->push(rest, index, out);
   }
 
   bool end(bool, int index, std::vector<OutputEvent>& out) override {

@@ -414,6 +414,26 @@ TEST(DeepseekV3Parser, CutOffCallIsClosedAndGroupMarkersDropped) {
                      {Kind::tool_call_end, ""}});
 }
 
+// DeepSeek-V3 and R1's templates write the call's type, then the name, then the arguments in a JSON fence.
+TEST(DeepseekV3Parser, V3AndR1FencedCalls) {
+  OutputParserOptions o = with_tools();
+  o.starts_in_thinking = true;
+  check_every_split(
+      OutputFormat::deepseek_v3, o,
+      "hm</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+      "```json\n{\"city\": \"Oslo\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+      {{Kind::thinking, "hm"},
+       {Kind::tool_call_begin, "get_weather"},
+       {Kind::tool_call_arguments, "{\"city\": \"Oslo\"}"},
+       {Kind::tool_call_end, ""}});
+  // A tool that is itself named "function", in V3.1's markup.
+  check_every_split(OutputFormat::deepseek_v3, with_tools(),
+                    "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{\"a\": 1}<｜tool▁call▁end｜>",
+                    {{Kind::tool_call_begin, "function"},
+                     {Kind::tool_call_arguments, "{\"a\": 1}"},
+                     {Kind::tool_call_end, ""}});
+}
+
 TEST(DeepseekV3Parser, ToolsNotOfferedLeavesMarkersAsText) {
   OutputParserOptions o;
   o.parse_tools = false;
