@@ -85,9 +85,10 @@ def conversations():
     ], TOOLS
 
 
+# `enable_thinking` true with the generation prompt renders as `thinking` true does (DeepSeek falls back to it,
+# GLM treats it as its default), so it is left out; the last set reaches DeepSeek's `thinking` through it.
 flag_sets = [
     ("thinking", {"add_generation_prompt": True, "thinking": True}),
-    ("enable_thinking", {"add_generation_prompt": True, "enable_thinking": True}),
     ("thinking_off", {"add_generation_prompt": True, "thinking": False, "enable_thinking": False}),
     ("no_gen_keep_thinking", {"add_generation_prompt": False, "enable_thinking": True, "clear_thinking": False}),
 ]
