@@ -5,8 +5,15 @@
 // against its expanded form, the latent KV cache's size, and config errors naming the field.
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <cmath>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <string>
+
+#include "cli_runner.hpp"
+#include "llm/checkpoint.hpp"
 
 #include "llm/kv_cache.hpp"
 #include "llm/model.hpp"
@@ -153,6 +160,59 @@ TEST(DeepseekV3, KimiK2ModelTypeAloneSelectsTheClass) {
   const ModelConfig c = parse_model_config_text(json, "config.json");
   EXPECT_EQ(c.architecture, "DeepseekV3ForCausalLM");
   EXPECT_EQ(c.model_type, "kimi_k2");
+}
+
+// A scratch directory removed afterwards.
+struct TempDir {
+  std::filesystem::path path = std::filesystem::temp_directory_path() /
+                               (std::string("xmoe_deepseek_v3_").append(std::to_string(::getpid())));
+  TempDir() {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+// `xmoe quantize --to fp8-block` quantizes what the architecture's tensor plan marks, as DeepSeek publishes
+// it: every attention projection incl. kv_a_proj_with_mqa and kv_b_proj, the MLPs, experts and shared
+// experts; not the router, its correction bias, norms, embeddings, lm_head. The FP8 fixture (written by the
+// oracle script in that layout) holds the same tensors with the same dtypes and shapes; the converted model
+// runs close to it (its block scales may differ from the script's by an ulp, flipping a few FP8 codes).
+TEST(DeepseekV3, QuantizeToFp8BlockWritesDeepseeksPublishedLayout) {
+  const TempDir dir;
+  const auto r = testing_cli::run_cli("quantize --to fp8-block " + kData + "ds-qlora " + dir / "fp8");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const Checkpoint ours = Checkpoint::open(dir / "fp8"), published = Checkpoint::open(kData + "ds-fp8");
+  int quantized = 0;
+  for (const std::string& name : published.tensor_names()) {
+    const WeightView want = published.weight(name), have = ours.weight(name);
+    EXPECT_EQ(have.dtype, want.dtype) << name;
+    EXPECT_EQ(have.shape, want.shape) << name;
+    quantized += want.dtype == TensorDType::f8_e4m3;
+  }
+  EXPECT_EQ(ours.tensor_names().size(), published.tensor_names().size());
+  EXPECT_GT(quantized, 20);
+  expect_matches_oracle(dir / "fp8", "../deepseek_v3/ds-fp8", 5e-3);
+}
+
+// init-model writes what the loader reads: BF16 per-expert, BF16 fused experts (the same random streams,
+// so the same model bit for bit) and FP8 block; greedy decoding runs through the latent cache.
+TEST(DeepseekV3, InitModelCheckpointsLoadAndRun) {
+  const TempDir dir;
+  std::vector<ModelRun> runs;
+  for (const char* flags : {"", " --expert-layout fused", " --quant fp8-block"}) {
+    const std::string out = dir / ("m" + std::to_string(runs.size()));
+    const auto r = testing_cli::run_cli("init-model --config " + kData + "ds-qlora/config.json --out " + out +
+                                        " --seed 3" + flags);
+    ASSERT_EQ(r.code, 0) << r.output;
+    Loaded l = load(out, DType::f32);
+    runs.push_back(run_alone(*l.model, {3, 4, 5, 6, 7}, 4));
+    EXPECT_EQ(runs.back().greedy.size(), 4u);
+    for (float v : runs.back().decode) ASSERT_TRUE(std::isfinite(v));
+  }
+  EXPECT_EQ(runs[0].prefill, runs[1].prefill);
+  EXPECT_EQ(runs[0].decode, runs[1].decode);
 }
 
 }  // namespace

@@ -183,10 +183,6 @@ class DeepseekV3 final : public Architecture {
 
   std::vector<PlannedTensor> tensors(const ModelConfig& c, ExpertLayout layout) const override {
     const DeepseekV3Fields& f = c.arch<DeepseekV3Fields>();
-    XMOE_CHECK(
-        layout == ExpertLayout::per_expert,
-        "DeepseekV3ForCausalLM: checkpoints hold one tensor per expert (as DeepSeek publishes them); the "
-        "fused expert layout is not supported");
     const int64_t H = c.hidden_size, nh = c.num_attention_heads, E = c.num_experts,
                   I = c.moe_intermediate_size;
     const int64_t qk_head = f.qk_nope_head_dim + f.qk_rope_head_dim;
@@ -221,8 +217,22 @@ class DeepseekV3 final : public Architecture {
         const MoeNames m = Names::moe(i, c);
         t.push_back(random_tensor(m.router, {E, H}, TensorRole::kept_linear));
         t.push_back(constant_tensor(m.correction_bias, {E}, TensorInit::zeros));
-        for (int j = 0; j < E; ++j)
-          swiglu({m.expert(j, "gate_proj"), m.expert(j, "up_proj"), m.expert(j, "down_proj")}, I);
+        if (layout == ExpertLayout::per_expert) {
+          for (int j = 0; j < E; ++j)
+            swiglu({m.expert(j, "gate_proj"), m.expert(j, "up_proj"), m.expert(j, "down_proj")}, I);
+        } else {
+          // transformers v5's fused tensors: the per-expert tensors' random streams one after the other.
+          PlannedTensor gate_up{
+              m.fused_gate_up, {E, 2 * I, H}, TensorInit::normal, {}, TensorRole::other, ""};
+          PlannedTensor down{m.fused_down, {E, H, I}, TensorInit::normal, {}, TensorRole::other, ""};
+          for (int j = 0; j < E; ++j) {
+            gate_up.segments.push_back({m.expert(j, "gate_proj"), I * H});
+            gate_up.segments.push_back({m.expert(j, "up_proj"), I * H});
+            down.segments.push_back({m.expert(j, "down_proj"), H * I});
+          }
+          t.push_back(std::move(gate_up));
+          t.push_back(std::move(down));
+        }
         if (m.shared_intermediate > 0) swiglu(m.shared, m.shared_intermediate);
       } else {
         swiglu(Names::dense(i), c.intermediate_size);
