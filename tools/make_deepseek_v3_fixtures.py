@@ -13,6 +13,9 @@ greedy decode steps through its KV cache, greedy ids (the layout of tests/llm/mo
                transformers does not run) that the loader must skip.
   ds-noqlora/  q_lora_rank null (q_proj); 2 layers, the first dense; one group; norm_topk_prob false; plain RoPE
                (rotate_half, rope_interleave false); mscale 1.0 / mscale_all_dim 0.8 YaRN (attention factor ≠ 1).
+  ds-v32/      DeepseekV32ForCausalLM (deepseek_v32): the same MLA/MoE plus the lightning indexer's tensors; index_topk
+               32 is longer than every prompt + decode (20 tokens), where the indexer keeps every position and dense
+               MLA is exact.
   kimi/        model_type kimi_k2 (architectures DeepseekV3ForCausalLM): one group, first_k_dense_replace 1,
                YaRN as Kimi-K2 publishes it (mscale = mscale_all_dim = 1).
   ds-fp8/      ds-qlora with every *_proj linear (attention incl. kv_b_proj, dense MLP, experts, shared experts)
@@ -33,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_fixtures import run_prompts, save_expected  # noqa: E402
 from make_quant_model_fixtures import quantize_fp8  # noqa: E402
 
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM  # noqa: E402
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, DeepseekV32Config, DeepseekV32ForCausalLM  # noqa: E402
 
 PROMPT_LENGTHS = [5, 12]
 VOCAB = 96
@@ -89,6 +92,11 @@ def hf_model(cfg):
         rope = {k: v for k, v in cfg["rope_scaling"].items() if k != "type"}
         rope["rope_type"] = cfg["rope_scaling"]["type"]
         rope["rope_theta"] = cfg["rope_theta"]
+    if cfg["model_type"] == "deepseek_v32":
+        args = {k: v for k, v in args.items() if k not in ("rope_interleave",)}
+        config = DeepseekV32Config(**args, rope_parameters=rope)
+        config._attn_implementation = "eager"
+        return DeepseekV32ForCausalLM(config).eval()
     config = DeepseekV3Config(**args, rope_parameters=rope)
     config._attn_implementation = "eager"
     return DeepseekV3ForCausalLM(config).eval()
@@ -102,7 +110,9 @@ def randomize(model, seed):
         for name, p in list(model.named_parameters()) + list(model.named_buffers()):
             if "rotary_emb" in name:
                 continue
-            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+            if name.endswith("k_norm.bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith("norm.weight") or name.endswith("layernorm.weight"):
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
             elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=g))
@@ -234,6 +244,10 @@ def main():
               rope_interleave=False, num_nextn_predict_layers=0, n_shared_experts=1,
               rope_scaling={"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32, "mscale": 1.0,
                             "mscale_all_dim": 0.8}), 12, prompts)
+    make(out, "ds-v32",
+         base(architectures=["DeepseekV32ForCausalLM"], model_type="deepseek_v32", num_hidden_layers=2,
+              num_nextn_predict_layers=0, n_shared_experts=1, index_topk=32, index_head_dim=16, index_n_heads=2,
+              mlp_layer_types=["dense", "sparse"]), 14, prompts)
     make(out, "kimi",
          base(model_type="kimi_k2", num_hidden_layers=2, max_position_embeddings=512, n_group=1, topk_group=1, n_shared_experts=1,
               num_nextn_predict_layers=0,

@@ -28,6 +28,8 @@ using namespace test;
 
 const std::string kData = std::string(XMOE_TEST_DATA_DIR) + "/deepseek_v3/";
 
+void expect_error_naming(const std::string& json, const std::string& field);
+
 // expect_matches_oracle reads <kModels>/<name>.expected.safetensors.
 void expect_oracle(const std::string& name, double tol) {
   expect_matches_oracle(kData + name, "../deepseek_v3/" + name, tol);
@@ -47,6 +49,34 @@ TEST(DeepseekV3, KimiK2ModelTypeMatchesTransformers) {
 
 TEST(DeepseekV3, Fp8BlockWeightsMatchTransformersOnTheDequantisedWeights) {
   expect_oracle("ds-fp8", 1e-4);
+}
+
+// DeepSeek-V3.2 at contexts up to index_topk (32 here), where its indexer keeps every position.
+TEST(DeepseekV32, MatchesTransformersWithinIndexTopk) {
+  expect_oracle("ds-v32", 1e-4);
+}
+
+TEST(DeepseekV32, RefusesContextsLongerThanIndexTopkNamingIt) {
+  Loaded l = load(kData + "ds-v32", DType::f32);
+  KvCache cache(l.model->kv_cache_shape(), DType::f32, kCacheBudget, 4);
+  const SequenceId seq = cache.create_sequence();
+  ASSERT_TRUE(cache.reserve(seq, 40));
+  std::vector<int32_t> tokens(32, 5);
+  std::vector<float> logits;
+  const SequenceChunk fits{seq, tokens, false};
+  l.model->forward(std::span(&fits, 1), cache, logits);  // 32 tokens: exactly index_topk
+  const int32_t one = 7;
+  const SequenceChunk more{seq, std::span(&one, 1), false};
+  try {
+    l.model->forward(std::span(&more, 1), cache, logits);
+    ADD_FAILURE() << "expected an error naming index_topk";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("index_topk = 32"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(cache.length(seq), 32);  // the refused step left the sequence as it was
+  std::string json = R"({"architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32",
+    "q_lora_rank": null})";
+  expect_error_naming(json, "q_lora_rank");
 }
 
 // A prompt prefilled in one chunk runs the expanded form (k_nope, v from kv_b_proj); one token at a time it

@@ -27,6 +27,9 @@ struct DeepseekV3Fields final : ArchitectureConfig {
   double routed_scaling_factor = 2.5;
   bool rope_interleave = true;
   float softmax_scale = 0;  // qk_head_dim^-0.5, times mscale² under YaRN with mscale_all_dim
+  // DeepSeek-V3.2's lightning indexer (0 = none): it picks index_topk positions per query, so up to
+  // index_topk positions dense MLA is exactly what it computes.
+  int index_topk = 0, index_head_dim = 0, index_n_heads = 0;
 };
 
 struct Names {
@@ -50,6 +53,16 @@ struct Names {
             p + "kv_a_layernorm.weight",
             p + "kv_b_proj.weight",
             p + "o_proj.weight"};
+  }
+  // DeepSeek-V3.2's indexer: wq_b [n_heads·head_dim, q_lora], wk [head_dim, H], LayerNorm k_norm (weight,
+  // bias), weights_proj [n_heads, H].
+  struct Indexer {
+    std::string wq_b, wk, k_norm, k_norm_bias, weights_proj;
+  };
+  static Indexer indexer(int i) {
+    const std::string p = layer(i) + "self_attn.indexer.";
+    return {p + "wq_b.weight", p + "wk.weight", p + "k_norm.weight", p + "k_norm.bias",
+            p + "weights_proj.weight"};
   }
   static MoeNames moe(int i, const ModelConfig& c) {
     const std::string p = layer(i) + "mlp.";
@@ -89,11 +102,17 @@ double yarn_mscale(double factor, double mscale) {
   return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
 }
 
+// DeepseekV3ForCausalLM (deepseek_v3, kimi_k2), or with v32 DeepseekV32ForCausalLM (deepseek_v32: the same
+// MLA and MoE plus the lightning indexer's tensors; contexts up to index_topk only, where dense MLA is
+// exact).
 class DeepseekV3 final : public Architecture {
  public:
-  std::string_view name() const override { return "DeepseekV3ForCausalLM"; }
-  std::string_view model_type() const override { return "deepseek_v3"; }
-  bool has_model_type(std::string_view t) const override { return t == "deepseek_v3" || t == "kimi_k2"; }
+  explicit DeepseekV3(bool v32) : v32_(v32) {}
+  std::string_view name() const override { return v32_ ? "DeepseekV32ForCausalLM" : "DeepseekV3ForCausalLM"; }
+  std::string_view model_type() const override { return v32_ ? "deepseek_v32" : "deepseek_v3"; }
+  bool has_model_type(std::string_view t) const override {
+    return t == model_type() || (!v32_ && t == "kimi_k2");
+  }
 
   void parse_config(const FieldReader& r, ModelConfig& c) const override {
     // transformers' DeepseekV3Config defaults.
@@ -128,7 +147,17 @@ class DeepseekV3 final : public Architecture {
     f->num_nextn_predict_layers =
         get(r.has("num_mtp_layers") ? "num_mtp_layers" : "num_nextn_predict_layers", 0, 0);
     f->routed_scaling_factor = r.get_positive("routed_scaling_factor", 2.5);
-    f->rope_interleave = r.get_bool("rope_interleave", true);
+    // V3.2's attention always rotates interleaved pairs (transformers' DeepseekV32Attention).
+    f->rope_interleave = v32_ || r.get_bool("rope_interleave", true);
+    if (v32_) {
+      f->index_topk = get("index_topk", 2048, 1);
+      f->index_head_dim = get("index_head_dim", 128, 1);
+      f->index_n_heads = get("index_n_heads", 64, 1);
+      XMOE_CHECK(f->q_lora_rank > 0, r.field("q_lora_rank"),
+                 " must be set for DeepseekV32ForCausalLM (its indexer reads the compressed query)");
+      XMOE_CHECK(f->index_head_dim >= f->qk_rope_head_dim, r.field("index_head_dim"), " = ",
+                 f->index_head_dim, " must be >= qk_rope_head_dim = ", f->qk_rope_head_dim);
+    }
     XMOE_CHECK(f->qk_rope_head_dim % 2 == 0, r.field("qk_rope_head_dim"), " = ", f->qk_rope_head_dim,
                " must be even (RoPE rotates pairs)");
     // transformers: head_dim = qk_rope_head_dim (what RoPE rotates); the whole of it rotates.
@@ -137,8 +166,22 @@ class DeepseekV3 final : public Architecture {
                c.partial_rotary_factor, " is not supported (DeepSeek-V3 rotates all of qk_rope_head_dim)");
     // Dense layers: the first first_k_dense_replace, and those moe_layer_freq skips (DeepSeek's modeling
     // code).
-    for (int i = 0; i < c.num_hidden_layers; ++i)
-      if (i < f->first_k_dense_replace || i % f->moe_layer_freq != 0) c.mlp_only_layers.push_back(i);
+    if (v32_ && r.has("mlp_layer_types")) {
+      // V3.2: "dense" / "sparse" per layer.
+      const nlohmann::json& m = r.at("mlp_layer_types");
+      XMOE_CHECK(m.is_array() && m.size() == static_cast<size_t>(c.num_hidden_layers),
+                 r.field("mlp_layer_types"), " must list one of \"dense\" / \"sparse\" per layer (",
+                 c.num_hidden_layers, "), got ", m.dump());
+      for (int i = 0; i < c.num_hidden_layers; ++i) {
+        const nlohmann::json& v = m[static_cast<size_t>(i)];
+        XMOE_CHECK(v == "dense" || v == "sparse", r.field("mlp_layer_types"), "[", i, "] = ", v.dump(),
+                   " is not \"dense\" or \"sparse\"");
+        if (v == "dense") c.mlp_only_layers.push_back(i);
+      }
+    } else {
+      for (int i = 0; i < c.num_hidden_layers; ++i)
+        if (i < f->first_k_dense_replace || i % f->moe_layer_freq != 0) c.mlp_only_layers.push_back(i);
+    }
     c.norm_topk_prob = true;  // DeepseekV3Config's default
     parse_moe_fields(r, d, c);
 
@@ -212,6 +255,16 @@ class DeepseekV3 final : public Architecture {
       t.push_back(constant_tensor(a.kv_a_norm, {f.kv_lora_rank}, TensorInit::ones));
       t.push_back(random_tensor(a.kv_b, {nh * (f.qk_nope_head_dim + f.v_head_dim), f.kv_lora_rank}, kQuant));
       t.push_back(random_tensor(a.o, {H, nh * f.v_head_dim}, kQuant));
+      if (f.index_topk > 0) {
+        // As DeepSeek-V3.2 publishes them: wq_b and wk in FP8, weights_proj and the LayerNorm kept.
+        const Names::Indexer x = Names::indexer(i);
+        t.push_back(
+            random_tensor(x.wq_b, {int64_t{f.index_n_heads} * f.index_head_dim, f.q_lora_rank}, kQuant));
+        t.push_back(random_tensor(x.wk, {f.index_head_dim, H}, kQuant));
+        t.push_back(constant_tensor(x.k_norm, {f.index_head_dim}, TensorInit::ones));
+        t.push_back(constant_tensor(x.k_norm_bias, {f.index_head_dim}, TensorInit::zeros));
+        t.push_back(random_tensor(x.weights_proj, {f.index_n_heads, H}, TensorRole::kept_linear));
+      }
       t.push_back(constant_tensor(n.post_norm, {H}, TensorInit::ones));
       if (c.is_sparse_layer(i)) {
         const MoeNames m = Names::moe(i, c);
@@ -260,8 +313,9 @@ class DeepseekV3 final : public Architecture {
     dims.v_head = f.v_head_dim;
     dims.scale = f.softmax_scale;
     dims.rope_interleave = f.rope_interleave;
+    dims.max_context = f.index_topk;
     spec.kv_latent_width = dims.latent_width();
-    spec.attention_layer = [dims, c](int i, DecoderLoader& ld) -> std::unique_ptr<AttentionLayer> {
+    spec.attention_layer = [dims, c, f](int i, DecoderLoader& ld) -> std::unique_ptr<AttentionLayer> {
       const Names::Mla a = Names::mla(i);
       const int64_t H = c.hidden_size, nh = dims.heads;
       MlaWeights w;
@@ -276,6 +330,16 @@ class DeepseekV3 final : public Architecture {
       w.kv_a_norm = ld.vector(a.kv_a_norm, dims.kv_lora_rank);
       w.kv_b = ld.matrix(a.kv_b, nh * (dims.qk_nope + dims.v_head), dims.kv_lora_rank);
       w.o = ld.matrix(a.o, H, nh * dims.v_head);
+      if (f.index_topk > 0) {
+        // The indexer is not run (contexts stay within index_topk, where it selects every position); its
+        // tensors are checked to be there with their shapes.
+        const Names::Indexer x = Names::indexer(i);
+        ld.matrix(x.wq_b, int64_t{f.index_n_heads} * f.index_head_dim, dims.q_lora_rank);
+        ld.matrix(x.wk, f.index_head_dim, H);
+        ld.vector(x.k_norm, f.index_head_dim);
+        ld.vector(x.k_norm_bias, f.index_head_dim);
+        ld.matrix(x.weights_proj, f.index_n_heads, H);
+      }
       return std::make_unique<MlaAttention>(dims, std::move(w));
     };
     LlmRouterConfig router;
@@ -334,12 +398,20 @@ class DeepseekV3 final : public Architecture {
     s.initializer_range = 0.02;
     return s;
   }
+
+ private:
+  bool v32_;
 };
 
 }  // namespace
 
 const Architecture& deepseek_v3_architecture() {
-  static const DeepseekV3 arch;
+  static const DeepseekV3 arch(false);
+  return arch;
+}
+
+const Architecture& deepseek_v32_architecture() {
+  static const DeepseekV3 arch(true);
   return arch;
 }
 

@@ -83,6 +83,15 @@ void MlaAttention::forward(const kernels::KernelTable& table, const Rope& rope, 
   XMOE_CHECK(cache.window(layer) == 0 && cache.latent_width(layer) == L, "MLA attention: layer ", layer,
              " needs a full-attention latent cache layer of ", L, " values per token, the cache keeps ",
              cache.latent_width(layer), (cache.window(layer) > 0 ? " in a sliding window" : ""));
+  if (d_.max_context > 0)
+    for (size_t c = 0; c < step.seq.size(); ++c) {
+      const int64_t context = step.start[c] + (step.first[c + 1] - step.first[c]);
+      XMOE_CHECK(
+          context <= d_.max_context, "sequence ", step.seq[c], ": a context of ", context,
+          " tokens exceeds index_topk = ", d_.max_context,
+          " (DeepSeek-V3.2's sparse attention indexer is not implemented; dense MLA equals it only up to "
+          "index_topk tokens)");
+    }
   const int64_t T = step.rows(), q_width = int64_t{nh} * qh, QL = d_.q_lora_rank;
   float* q = scratch.qkv.ensure(static_cast<size_t>(T * (q_width + L + QL)));
   float* kv = q + T * q_width;

@@ -29,6 +29,9 @@ struct MlaDims {
   float scale = 0;              // softmax scale (qk_head_dim^-0.5 · mscale² under YaRN)
   bool rope_interleave = true;  // the checkpoint's rope dims are interleaved pairs
   float latent_eps = 1e-6f;     // q_a_layernorm / kv_a_layernorm
+  // The longest context this attention is exact for (0 = any): DeepSeek-V3.2's sparse attention equals
+  // dense MLA up to index_topk positions; longer contexts are refused naming it.
+  int64_t max_context = 0;
   int latent_width() const { return kv_lora_rank + qk_rope; }
   int qk_head() const { return qk_nope + qk_rope; }
 };
