@@ -413,6 +413,10 @@ int run_generate(const GenerateOptions& o) {
   }
   std::fprintf(stderr, "\n");
   if (o.measure_bandwidth) {
+    // What a token of context costs in the cache (MLA: the latent vector only).
+    const llm::KvCache& kv = engine.kv_cache();
+    std::fprintf(stderr, "kv cache: %zu bytes per token (%d layers, %s)\n", kv.bytes_per_token(),
+                 kv.shape().num_layers, dtype_name(kv.dtype()));
     std::fprintf(stderr, "load average (1, 5, 15 min): %s\n", load_average().c_str());
     // Weights mapped in place become resident as file pages (the page cache) when first read; anonymous
     // pages are what the process copied or allocated itself.

@@ -56,12 +56,15 @@ class DenseSwiglu final : public FeedForward {
 class SwigluMoe final : public FeedForward {
  public:
   SwigluMoe(const kernels::KernelTable& table, PackedWeight router, std::vector<float> router_bias,
-            const LlmRouterConfig& config, std::vector<moe::SwigluWeights> experts)
+            std::vector<float> correction_bias, const LlmRouterConfig& config,
+            std::vector<moe::SwigluWeights> experts, std::unique_ptr<DenseSwiglu> shared)
       : table_(&table),
         router_(router),
         router_bias_(std::move(router_bias)),
+        correction_bias_(std::move(correction_bias)),
         config_(config),
-        experts_(std::move(experts), table) {}
+        experts_(std::move(experts), table),
+        shared_(std::move(shared)) {}
 
   uint64_t forward(const float* x, int64_t T, float* y) override {
     const int E = config_.num_experts, k = config_.top_k;
@@ -72,14 +75,27 @@ class SwigluMoe final : public FeedForward {
         for (int e = 0; e < E; ++e) logits[t * E + e] += router_bias_[static_cast<size_t>(e)];
     ids_.resize(static_cast<size_t>(T * k));
     weights_.resize(static_cast<size_t>(T * k));
-    llm_route(config_, logits, nullptr, T, ids_.data(), weights_.data());
+    llm_route(config_, logits, correction_bias_.empty() ? nullptr : correction_bias_.data(), T, ids_.data(),
+              weights_.data());
     chosen_.assign(static_cast<size_t>(E), 0);
     for (int32_t id : ids_) chosen_[static_cast<size_t>(id)] = 1;
     const auto n = static_cast<uint64_t>(std::count(chosen_.begin(), chosen_.end(), 1));
     experts_.forward(x, T, k, ids_.data(), weights_.data(), y);
+    if (shared_) {
+      const int64_t H = router_.cols;
+      float* s = shared_out_.ensure(static_cast<size_t>(T * H));
+      shared_->forward(x, T, s);
+      moe::parallel_rows(T, 16, [&](int64_t a, int64_t b) {
+        for (int64_t i = a * H; i < b * H; ++i) y[i] += s[i];
+      });
+    }
     return n * expert_bytes();
   }
-  size_t fixed_bytes() const override { return router_.bytes() + router_bias_.size() * sizeof(float); }
+  // The shared experts are read by every step, like the router.
+  size_t fixed_bytes() const override {
+    return router_.bytes() + (router_bias_.size() + correction_bias_.size()) * sizeof(float) +
+           (shared_ ? shared_->fixed_bytes() : 0);
+  }
   size_t per_token_bytes() const override { return static_cast<size_t>(config_.top_k) * expert_bytes(); }
 
  private:
@@ -87,24 +103,31 @@ class SwigluMoe final : public FeedForward {
   const kernels::KernelTable* table_;
   PackedWeight router_;
   std::vector<float> router_bias_;
+  std::vector<float> correction_bias_;  // selection only; empty = none
   LlmRouterConfig config_;
   moe::RoutedExperts experts_;
-  Buffer<float> logits_;
+  std::unique_ptr<DenseSwiglu> shared_;  // null = no shared experts
+  Buffer<float> logits_, shared_out_;
   std::vector<int32_t> ids_;
   std::vector<float> weights_;
   std::vector<char> chosen_;  // by expert, in the step being run
 };
 
-}  // namespace
-
-std::unique_ptr<FeedForward> load_dense_swiglu(DecoderLoader& loader, const DenseMlpNames& names,
-                                               int64_t hidden, int64_t intermediate) {
+std::unique_ptr<DenseSwiglu> load_dense(DecoderLoader& loader, const DenseMlpNames& names, int64_t hidden,
+                                        int64_t intermediate) {
   XMOE_CHECK(intermediate > 0, loader.checkpoint().dir(), "/config.json: intermediate_size must be > 0 for ",
              names.gate);
   PackedWeight gate = loader.matrix(names.gate, intermediate, hidden);
   PackedWeight up = loader.matrix(names.up, intermediate, hidden);
   PackedWeight down = loader.matrix(names.down, hidden, intermediate);
   return std::make_unique<DenseSwiglu>(loader.table(), gate, up, down);
+}
+
+}  // namespace
+
+std::unique_ptr<FeedForward> load_dense_swiglu(DecoderLoader& loader, const DenseMlpNames& names,
+                                               int64_t hidden, int64_t intermediate) {
+  return load_dense(loader, names, hidden, intermediate);
 }
 
 std::unique_ptr<FeedForward> load_swiglu_moe(DecoderLoader& loader, const MoeNames& names,
@@ -117,8 +140,14 @@ std::unique_ptr<FeedForward> load_swiglu_moe(DecoderLoader& loader, const MoeNam
              "MoE layers need moe_intermediate_size > 0 and 1 <= num_experts_per_tok <= num_experts");
   validate(router);
   PackedWeight gate = loader.matrix(names.router, E, H);
-  std::vector<float> bias;
+  std::vector<float> bias, correction_bias;
   if (!names.router_bias.empty()) bias = loader.vector(names.router_bias, E);
+  if (!names.correction_bias.empty()) {
+    XMOE_CHECK(router.type == LlmRouterType::deepseek_v3 || router.type == LlmRouterType::kimi_k2,
+               "checkpoint ", ckpt.dir(), ": layer ", layer, ": ", names.correction_bias,
+               " needs a sigmoid router (deepseek_v3 or kimi_k2)");
+    correction_bias = loader.vector(names.correction_bias, E);
+  }
   // The experts as views: per-expert tensors, or slices of the fused gate_up [E, 2I, H] (gate rows first,
   // then up rows) and down [E, H, I].
   std::vector<moe::SwigluWeights> experts(static_cast<size_t>(E));
@@ -146,7 +175,10 @@ std::unique_ptr<FeedForward> load_swiglu_moe(DecoderLoader& loader, const MoeNam
                " and ", w.up.global_scale,
                "); NVFP4 requires one shared weight_scale_2 / weight_global_scale");
   }
-  return std::make_unique<SwigluMoe>(loader.table(), gate, std::move(bias), router, std::move(experts));
+  std::unique_ptr<DenseSwiglu> shared;
+  if (names.shared_intermediate > 0) shared = load_dense(loader, names.shared, H, names.shared_intermediate);
+  return std::make_unique<SwigluMoe>(loader.table(), gate, std::move(bias), std::move(correction_bias),
+                                     router, std::move(experts), std::move(shared));
 }
 
 }  // namespace xmoe::llm
