@@ -16,13 +16,21 @@ KvCache::KvCache(const KvCacheShape& shape, DType dtype, size_t budget_bytes, in
   XMOE_CHECK(shape.layer_window.empty() || shape.layer_window.size() == static_cast<size_t>(shape.num_layers),
              "kv cache: layer_window has ", shape.layer_window.size(), " entries for ", shape.num_layers,
              " layers");
+  XMOE_CHECK(shape.layer_latent.empty() || shape.layer_latent.size() == static_cast<size_t>(shape.num_layers),
+             "kv cache: layer_latent has ", shape.layer_latent.size(), " entries for ", shape.num_layers,
+             " layers");
   XMOE_CHECK(dtype == DType::f32 || dtype == DType::bf16, "kv cache: dtype must be float32 or bfloat16, got ",
              dtype_name(dtype));
   XMOE_CHECK(block_size > 0, "kv cache: block_size must be > 0, got ", block_size);
   for (int l = 0; l < shape.num_layers; ++l) {
     const int64_t w = window(l);
     XMOE_CHECK(w >= 0, "kv cache: layer ", l, " has window ", w, " (must be >= 0)");
-    slot_.push_back(w > 0 ? window_layers_++ : full_layers_++);
+    XMOE_CHECK(latent_width(l) >= 0, "kv cache: layer ", l, " has latent width ", latent_width(l),
+               " (must be >= 0)");
+    (w > 0 ? window_layers_ : full_layers_)++;
+    size_t& group = w > 0 ? window_row_bytes_ : full_row_bytes_;
+    offset_.push_back(group * static_cast<size_t>(block_size));
+    group += row_bytes(l);
     max_window_ = std::max(max_window_, w);
   }
   // The ring holds a window plus at least one block of new positions: window - 1 earlier positions and the
@@ -44,10 +52,25 @@ int64_t KvCache::window(int layer) const {
   return shape_.layer_window.empty() ? 0 : shape_.layer_window[static_cast<size_t>(layer)];
 }
 
+int KvCache::latent_width(int layer) const {
+  return shape_.layer_latent.empty() ? 0 : shape_.layer_latent[static_cast<size_t>(layer)];
+}
+
+size_t KvCache::row_bytes(int layer) const {
+  const int latent = latent_width(layer);
+  const size_t values =
+      latent > 0 ? static_cast<size_t>(latent)
+                 : 2 * static_cast<size_t>(shape_.num_kv_heads) * static_cast<size_t>(shape_.head_dim);
+  return values * dtype_size(dtype_);
+}
+
 size_t KvCache::bytes_per_block() const {
-  // K and V of every layer of the larger group.
-  return 2 * static_cast<size_t>(std::max(full_layers_, window_layers_)) * static_cast<size_t>(block_size_) *
-         static_cast<size_t>(shape_.num_kv_heads) * static_cast<size_t>(shape_.head_dim) * dtype_size(dtype_);
+  // Every layer of the larger group (in bytes).
+  return std::max(full_row_bytes_, window_row_bytes_) * static_cast<size_t>(block_size_);
+}
+
+size_t KvCache::bytes_per_token() const {
+  return full_row_bytes_ + window_row_bytes_;
 }
 
 int64_t KvCache::blocks_for(int64_t tokens) const {
@@ -142,24 +165,33 @@ int32_t KvCache::block_of(SequenceId seq, int layer, int64_t p) const {
   return s.ring[static_cast<size_t>((p / block_size_) % ring_blocks_)];
 }
 
-std::byte* KvCache::part(int layer, int32_t block, int which) {
+std::byte* KvCache::part(int layer, int32_t block, size_t offset) {
   XMOE_CHECK(layer >= 0 && layer < shape_.num_layers, "kv cache: layer ", layer, " out of range [0, ",
              shape_.num_layers, ")");
   XMOE_CHECK(block >= 0 && block < total_blocks_, "kv cache: block ", block, " out of range [0, ",
              total_blocks_, ")");
-  const size_t bytes = static_cast<size_t>(block_size_) * static_cast<size_t>(shape_.num_kv_heads) *
-                       static_cast<size_t>(shape_.head_dim) * dtype_size(dtype_);
-  // Block-major: one block holds [layer of its kind][K, V][block_size, kv_heads, head_dim].
-  const auto slot = static_cast<size_t>(slot_[static_cast<size_t>(layer)]);
-  return storage_.get() + static_cast<size_t>(block) * bytes_per_block() + (slot * 2 + which) * bytes;
+  // Block-major: one block holds, per layer of its kind, [K, V][block_size, kv_heads, head_dim] or
+  // [block_size, latent_width].
+  return storage_.get() + static_cast<size_t>(block) * bytes_per_block() +
+         offset_[static_cast<size_t>(layer)] + offset;
 }
 
 void* KvCache::key_block(int layer, int32_t block) {
+  XMOE_CHECK(layer < 0 || layer >= shape_.num_layers || latent_width(layer) == 0, "kv cache: layer ", layer,
+             " keeps a latent vector, not K and V");
   return part(layer, block, 0);
 }
 
 void* KvCache::value_block(int layer, int32_t block) {
-  return part(layer, block, 1);
+  XMOE_CHECK(layer < 0 || layer >= shape_.num_layers || latent_width(layer) == 0, "kv cache: layer ", layer,
+             " keeps a latent vector, not K and V");
+  return part(layer, block, row_bytes(layer) / 2 * static_cast<size_t>(block_size_));
+}
+
+void* KvCache::latent_block(int layer, int32_t block) {
+  XMOE_CHECK(layer >= 0 && layer < shape_.num_layers && latent_width(layer) > 0, "kv cache: layer ", layer,
+             " keeps no latent vector");
+  return part(layer, block, 0);
 }
 
 }  // namespace xmoe::llm

@@ -6,6 +6,10 @@
 // ring_blocks() blocks per sequence (position p lives in ring block (p / block_size) mod ring_blocks()).
 // Blocks of the one pool serve either kind: a block holds block_size tokens of every full layer, or of every
 // sliding layer (its bytes are those of the larger group).
+//
+// Row layout per layer (KvCacheShape::layer_latent): a layer keeps K and V of num_kv_heads × head_dim values
+// per token, or (MLA) one latent vector of layer_latent[l] values per token and no V (DeepSeek-V3:
+// kv_lora_rank + qk_rope_head_dim = 576 values, the normed c_kv then the roped k_pe).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +28,8 @@ struct KvCacheShape {
   // Per layer: 0 = keep every position (full attention), w > 0 = the layer attends to its last w positions
   // and keeps only those. Empty: every layer full.
   std::vector<int64_t> layer_window = {};
+  // Per layer: 0 = K and V per kv head, n > 0 = one vector of n values per token. Empty: every layer K/V.
+  std::vector<int> layer_latent = {};
 };
 
 using SequenceId = int32_t;
@@ -68,6 +74,12 @@ class KvCache {
   // Layer `layer`'s K (or V) rows of block `block`: [block_size, num_kv_heads, head_dim] of dtype().
   void* key_block(int layer, int32_t block);
   void* value_block(int layer, int32_t block);
+  // A latent layer's rows of block `block`: [block_size, latent_width(layer)] of dtype().
+  void* latent_block(int layer, int32_t block);
+  int latent_width(int layer) const;  // 0 for a K/V layer
+  // Bytes one token occupies in every layer together (what the cache costs per token of context, sliding
+  // layers counted as if they kept every position).
+  size_t bytes_per_token() const;
 
  private:
   struct Sequence {
@@ -75,12 +87,15 @@ class KvCache {
     int64_t length = 0, capacity = 0;
     std::vector<int32_t> blocks, ring;
   };
-  std::byte* part(int layer, int32_t block, int which);
+  std::byte* part(int layer, int32_t block, size_t offset);
+  size_t row_bytes(int layer) const;  // one token of the layer (K and V, or the latent vector)
   KvCacheShape shape_;
   DType dtype_;
   int block_size_;
   int full_layers_ = 0, window_layers_ = 0;
-  std::vector<int> slot_;  // per layer: its index among the layers of its kind
+  std::vector<size_t>
+      offset_;  // per layer: its rows' byte offset inside a block (after earlier same-kind layers)
+  size_t full_row_bytes_ = 0, window_row_bytes_ = 0;  // one token of every layer of the kind
   int64_t max_window_ = 0, ring_blocks_ = 0;
   int64_t total_blocks_ = 0;
   // calloc'd: a large budget costs address space, not memory, until blocks are written.

@@ -31,7 +31,9 @@ class CausalLM {
   virtual ~CausalLM() = default;
   virtual const ModelConfig& config() const = 0;
   virtual DType dtype() const = 0;
-  KvCacheShape kv_cache_shape() const;
+  // The cache layout the model runs on (from the config: kv heads, head_dim, windows); a model with
+  // another attention kind (MLA's latent vector) says its own.
+  virtual KvCacheShape kv_cache_shape() const;
   // Runs the chunks as one batch (their tokens concatenated through every layer, attention per sequence over
   // its cache). The caller has reserved cache room for every new token; the model writes K/V and advances
   // each sequence's cache length. logits: rows in chunk order (one per chunk, or one per token where

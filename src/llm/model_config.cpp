@@ -52,7 +52,7 @@ ModelConfig parse_model_config_text(const std::string& json_text, const std::str
              "' (supported: ", supported_architecture_names(), ")");
   c.architecture = std::string(arch->name());
   if (c.model_type.empty()) c.model_type = std::string(arch->model_type());
-  XMOE_CHECK(c.model_type == arch->model_type(), r.field("model_type"), " is '", c.model_type,
+  XMOE_CHECK(arch->has_model_type(c.model_type), r.field("model_type"), " is '", c.model_type,
              "' but architecture ", arch->name(), " needs '", arch->model_type(), "'");
   arch->parse_config(r, c);
   if (c.layer_types.empty())

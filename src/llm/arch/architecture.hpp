@@ -46,6 +46,9 @@ class Architecture {
   virtual ~Architecture() = default;
   virtual std::string_view name() const = 0;        // config.json architectures[0]
   virtual std::string_view model_type() const = 0;  // config.json model_type
+  // Whether config.json's model_type `t` names this architecture (one class may serve several, as
+  // DeepseekV3ForCausalLM serves deepseek_v3 and kimi_k2).
+  virtual bool has_model_type(std::string_view t) const { return t == model_type(); }
 
   // Fills `c` (architecture and model_type already set) from config.json through the shared helpers of
   // config_fields.hpp, sets c.extension for fields of its own, and throws naming the field for what it does

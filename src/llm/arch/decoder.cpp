@@ -61,9 +61,23 @@ std::vector<float> DecoderLoader::vector(const std::string& name, int64_t n) {
 
 namespace {
 
+// GQA attention: the kit's AttentionBlock as one kind of attention layer.
+class GqaAttention final : public AttentionLayer {
+ public:
+  explicit GqaAttention(std::unique_ptr<AttentionBlock> block) : block_(std::move(block)) {}
+  void forward(const kernels::KernelTable& table, const Rope& rope, const StepRows& step, KvCache& cache,
+               int layer, const float* x, float* out, AttentionScratch& scratch) override {
+    block_->forward(table, rope, step, cache, layer, x, out, scratch);
+  }
+  size_t bytes() const override { return block_->bytes(); }
+
+ private:
+  std::unique_ptr<AttentionBlock> block_;
+};
+
 struct Layer {
   std::vector<float> input_norm, post_norm;
-  std::unique_ptr<AttentionBlock> attention;
+  std::unique_ptr<AttentionLayer> attention;
   std::unique_ptr<FeedForward> ffn;
 };
 
@@ -76,7 +90,11 @@ void add_rows(float* y, const float* x, int64_t n) {
 class Decoder final : public CausalLM {
  public:
   Decoder(const Checkpoint& ckpt, const LoadOptions& options, DecoderSpec spec)
-      : cfg_(ckpt.config()), dtype_(options.dtype), opts_(spec.attention), rope_(ckpt.config()) {
+      : cfg_(ckpt.config()),
+        dtype_(options.dtype),
+        opts_(spec.attention),
+        kv_latent_width_(spec.kv_latent_width),
+        rope_(ckpt.config()) {
     const std::string where = ckpt.dir() + "/config.json: ";
     XMOE_CHECK(dtype_ == DType::f32 || dtype_ == DType::bf16,
                "load options: dtype must be float32 or bfloat16, got ", dtype_name(dtype_));
@@ -89,8 +107,7 @@ class Decoder final : public CausalLM {
     loader_ = std::make_unique<DecoderLoader>(ckpt, options);
     DecoderLoader& ld = *loader_;
     table_ = &ld.table();
-    const int64_t H = cfg_.hidden_size, D = cfg_.head_dim;
-    const int64_t q_rows = cfg_.num_attention_heads * D, kv_rows = cfg_.num_key_value_heads * D;
+    const int64_t H = cfg_.hidden_size;
 
     embed_ = ld.matrix(spec.embed, cfg_.vocab_size, H);
     if (!cfg_.tie_word_embeddings) lm_head_ = ld.matrix(spec.lm_head, cfg_.vocab_size, H);
@@ -100,28 +117,14 @@ class Decoder final : public CausalLM {
     for (int i = 0; i < cfg_.num_hidden_layers; ++i) {
       Layer& L = layers_[static_cast<size_t>(i)];
       const DecoderLayerNames n = spec.layer_names(i);
-      const AttentionNames& a = n.attention;
       L.input_norm = ld.vector(n.input_norm, H);
       L.post_norm = ld.vector(n.post_norm, H);
-      AttentionWeights w;
-      if (opts_.qk_norm) {
-        w.q_norm = ld.vector(a.q_norm, D);
-        w.k_norm = ld.vector(a.k_norm, D);
+      if (spec.attention_layer) {
+        L.attention = spec.attention_layer(i, ld);
+        XMOE_CHECK(L.attention != nullptr, where, "layer ", i, " has no attention");
+      } else {
+        L.attention = load_gqa(ld, n.attention, i);
       }
-      w.q = ld.matrix(a.q + ".weight", q_rows, H);
-      w.k = ld.matrix(a.k + ".weight", kv_rows, H);
-      w.v = ld.matrix(a.v + ".weight", kv_rows, H);
-      if (opts_.qkv_bias) {
-        w.q_bias = ld.vector(a.q + ".bias", q_rows);
-        w.k_bias = ld.vector(a.k + ".bias", kv_rows);
-        w.v_bias = ld.vector(a.v + ".bias", kv_rows);
-      }
-      w.o = ld.matrix(a.o + ".weight", H, q_rows);
-      if (opts_.o_bias) w.o_bias = ld.vector(a.o + ".bias", H);
-      if (opts_.sinks) w.sinks = ld.vector(a.sinks, cfg_.num_attention_heads);
-      L.attention = std::make_unique<AttentionBlock>(
-          opts_, cfg_.num_attention_heads, cfg_.num_key_value_heads, cfg_.head_dim, cfg_.attention_window(i),
-          static_cast<float>(cfg_.rms_norm_eps), std::move(w));
       L.ffn = spec.feed_forward(i, ld);
       XMOE_CHECK(L.ffn != nullptr, where, "layer ", i, " has no feed-forward block");
     }
@@ -129,6 +132,13 @@ class Decoder final : public CausalLM {
 
   const ModelConfig& config() const override { return cfg_; }
   DType dtype() const override { return dtype_; }
+
+  KvCacheShape kv_cache_shape() const override {
+    KvCacheShape shape = CausalLM::kv_cache_shape();
+    if (kv_latent_width_ > 0)
+      shape.layer_latent.assign(static_cast<size_t>(cfg_.num_hidden_layers), kv_latent_width_);
+    return shape;
+  }
 
   size_t weight_bytes_per_token() const override {
     size_t experts = 0;
@@ -199,6 +209,30 @@ class Decoder final : public CausalLM {
   }
 
  private:
+  std::unique_ptr<AttentionLayer> load_gqa(DecoderLoader& ld, const AttentionNames& a, int i) const {
+    const int64_t H = cfg_.hidden_size, D = cfg_.head_dim;
+    const int64_t q_rows = cfg_.num_attention_heads * D, kv_rows = cfg_.num_key_value_heads * D;
+    AttentionWeights w;
+    if (opts_.qk_norm) {
+      w.q_norm = ld.vector(a.q_norm, D);
+      w.k_norm = ld.vector(a.k_norm, D);
+    }
+    w.q = ld.matrix(a.q + ".weight", q_rows, H);
+    w.k = ld.matrix(a.k + ".weight", kv_rows, H);
+    w.v = ld.matrix(a.v + ".weight", kv_rows, H);
+    if (opts_.qkv_bias) {
+      w.q_bias = ld.vector(a.q + ".bias", q_rows);
+      w.k_bias = ld.vector(a.k + ".bias", kv_rows);
+      w.v_bias = ld.vector(a.v + ".bias", kv_rows);
+    }
+    w.o = ld.matrix(a.o + ".weight", H, q_rows);
+    if (opts_.o_bias) w.o_bias = ld.vector(a.o + ".bias", H);
+    if (opts_.sinks) w.sinks = ld.vector(a.sinks, cfg_.num_attention_heads);
+    return std::make_unique<GqaAttention>(std::make_unique<AttentionBlock>(
+        opts_, cfg_.num_attention_heads, cfg_.num_key_value_heads, cfg_.head_dim, cfg_.attention_window(i),
+        static_cast<float>(cfg_.rms_norm_eps), std::move(w)));
+  }
+
   size_t embedding_row_bytes() const { return embed_.bytes() / static_cast<size_t>(embed_.rows); }
   // What every step reads whatever its tokens: attention, routers, dense MLPs, norms and the lm_head.
   size_t step_bytes_without_experts() const {
@@ -214,10 +248,12 @@ class Decoder final : public CausalLM {
     const KvCacheShape want = kv_cache_shape();
     const KvCacheShape& have = cache.shape();
     XMOE_CHECK(have.num_layers == want.num_layers && have.num_kv_heads == want.num_kv_heads &&
-                   have.head_dim == want.head_dim && have.layer_window == want.layer_window,
+                   have.head_dim == want.head_dim && have.layer_window == want.layer_window &&
+                   have.layer_latent == want.layer_latent,
                "forward: the KV cache's shape does not match the model's (", want.num_layers, " layers, ",
                want.num_kv_heads, " kv heads of ", want.head_dim,
-               want.layer_window.empty() ? "" : ", sliding windows per layer", ")");
+               want.layer_window.empty() ? "" : ", sliding windows per layer",
+               want.layer_latent.empty() ? "" : ", a latent vector per layer", ")");
     XMOE_CHECK(!batch.empty(), "forward: empty batch");
     std::set<SequenceId> seen;
     for (const SequenceChunk& ch : batch) {
@@ -236,6 +272,7 @@ class Decoder final : public CausalLM {
   ModelConfig cfg_;
   DType dtype_;
   AttentionOptions opts_;
+  int kv_latent_width_ = 0;
   Rope rope_;
   std::unique_ptr<DecoderLoader> loader_;  // owns the weights not mapped in place
   const kernels::KernelTable* table_ = nullptr;

@@ -60,6 +60,17 @@ class FeedForward {
   virtual size_t per_token_bytes() const = 0;  // weights one token reads besides (its experts)
 };
 
+// A layer's attention: out [T, H] = attention over x [T, H] (the normed hidden states) for the step's rows,
+// writing the new positions into layer `layer` of the cache (reserved by the caller) without advancing its
+// lengths. GQA (AttentionBlock) is one kind, MLA another.
+class AttentionLayer {
+ public:
+  virtual ~AttentionLayer() = default;
+  virtual void forward(const kernels::KernelTable& table, const Rope& rope, const StepRows& step,
+                       KvCache& cache, int layer, const float* x, float* out, AttentionScratch& scratch) = 0;
+  virtual size_t bytes() const = 0;  // weights one step reads
+};
+
 // Checkpoint names of one layer's attention: projection modules ("<module>.weight", "<module>.bias") and the
 // q/k norm weights and sinks tensor where the options use them.
 struct AttentionNames {
@@ -79,6 +90,11 @@ struct DecoderSpec {
   std::function<DecoderLayerNames(int layer)> layer_names;
   // The feed-forward block of layer `layer`, loaded through the loader.
   std::function<std::unique_ptr<FeedForward>(int layer, DecoderLoader& loader)> feed_forward;
+  // Another attention kind than GQA: layer `layer`'s attention (then `attention` and the attention names
+  // are not used), with the cache layout it needs: kv_latent_width > 0 = every layer caches one vector of
+  // that many values per token (KvCacheShape::layer_latent) instead of K and V per kv head.
+  std::function<std::unique_ptr<AttentionLayer>(int layer, DecoderLoader& loader)> attention_layer;
+  int kv_latent_width = 0;
 };
 
 // Loads the decoder described by `spec` for the checkpoint's config (sizes, rotary_dim, RoPE scaling,

@@ -23,7 +23,7 @@ const Architecture* find_architecture(std::string_view name) {
 
 const Architecture* find_architecture_by_model_type(std::string_view model_type) {
   for (const Architecture* a : architectures())
-    if (a->model_type() == model_type) return a;
+    if (a->has_model_type(model_type)) return a;
   return nullptr;
 }
 

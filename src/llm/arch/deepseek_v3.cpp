@@ -1,0 +1,336 @@
+// DeepseekV3ForCausalLM (transformers models/deepseek_v3/modeling_deepseek_v3.py): DeepSeek-V3, R1, V3.1, and
+// Kimi-K2 (the same class with model_type kimi_k2). Per layer RMSNorm → multi-head latent attention (MLA,
+// llm/arch/mla_attention.hpp, a latent KV cache of kv_lora_rank + qk_rope_head_dim values per token) →
+// residual → RMSNorm → dense SwiGLU (the first first_k_dense_replace layers) or the MoE block (sigmoid router
+// with e_score_correction_bias for selection, n_group / topk_group group-limited choice, norm_topk_prob,
+// routed_scaling_factor; n_shared_experts shared experts added) → residual. The MTP layers
+// (num_nextn_predict_layers, tensors model.layers.<num_hidden_layers + i>.*) are not run and not read.
+#include <cmath>
+#include <string>
+
+#include "llm/arch/architecture.hpp"
+#include "llm/arch/decoder.hpp"
+#include "llm/arch/deepseek_v3_chat_template.hpp"
+#include "llm/arch/feed_forward.hpp"
+#include "llm/arch/mla_attention.hpp"
+#include "xmoe/error.hpp"
+
+namespace xmoe::llm {
+
+namespace {
+
+struct DeepseekV3Fields final : ArchitectureConfig {
+  int q_lora_rank = 1536;  // 0: null (q_proj)
+  int kv_lora_rank = 512, qk_nope_head_dim = 128, qk_rope_head_dim = 64, v_head_dim = 128;
+  int n_shared_experts = 1, n_group = 8, topk_group = 4;
+  int first_k_dense_replace = 3, moe_layer_freq = 1, num_nextn_predict_layers = 0;
+  double routed_scaling_factor = 2.5;
+  bool rope_interleave = true;
+  float softmax_scale = 0;  // qk_head_dim^-0.5, times mscale² under YaRN with mscale_all_dim
+};
+
+struct Names {
+  static std::string layer(int i) { return "model.layers." + std::to_string(i) + "."; }
+  static DecoderLayerNames decoder_layer(int i) {
+    DecoderLayerNames n;
+    n.input_norm = layer(i) + "input_layernorm.weight";
+    n.post_norm = layer(i) + "post_attention_layernorm.weight";
+    return n;
+  }
+  struct Mla {
+    std::string q, q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b, o;  // weight tensors
+  };
+  static Mla mla(int i) {
+    const std::string p = layer(i) + "self_attn.";
+    return {p + "q_proj.weight",
+            p + "q_a_proj.weight",
+            p + "q_a_layernorm.weight",
+            p + "q_b_proj.weight",
+            p + "kv_a_proj_with_mqa.weight",
+            p + "kv_a_layernorm.weight",
+            p + "kv_b_proj.weight",
+            p + "o_proj.weight"};
+  }
+  static MoeNames moe(int i, const ModelConfig& c) {
+    const std::string p = layer(i) + "mlp.";
+    MoeNames n;
+    n.router = p + "gate.weight";
+    n.correction_bias = p + "gate.e_score_correction_bias";
+    n.expert = [p](int e, const char* proj) {
+      return p + "experts." + std::to_string(e) + "." + proj + ".weight";
+    };
+    n.fused_gate_up = p + "experts.gate_up_proj";
+    n.fused_down = p + "experts.down_proj";
+    n.shared = {p + "shared_experts.gate_proj.weight", p + "shared_experts.up_proj.weight",
+                p + "shared_experts.down_proj.weight"};
+    n.shared_intermediate = c.moe_intermediate_size * c.arch<DeepseekV3Fields>().n_shared_experts;
+    return n;
+  }
+  static DenseMlpNames dense(int i) {
+    const std::string p = layer(i) + "mlp.";
+    return {p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"};
+  }
+  static constexpr const char* kEmbed = "model.embed_tokens.weight";
+  static constexpr const char* kFinalNorm = "model.norm.weight";
+  static constexpr const char* kLmHead = "lm_head.weight";
+};
+
+// Whether config.json holds `key` at all (null included).
+bool present(const FieldReader& r, const char* key) {
+  try {
+    (void)r.at(key);
+    return true;
+  } catch (const nlohmann::json::out_of_range&) {
+    return false;
+  }
+}
+
+double yarn_mscale(double factor, double mscale) {
+  return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+}
+
+class DeepseekV3 final : public Architecture {
+ public:
+  std::string_view name() const override { return "DeepseekV3ForCausalLM"; }
+  std::string_view model_type() const override { return "deepseek_v3"; }
+  bool has_model_type(std::string_view t) const override { return t == "deepseek_v3" || t == "kimi_k2"; }
+
+  void parse_config(const FieldReader& r, ModelConfig& c) const override {
+    // transformers' DeepseekV3Config defaults.
+    DecoderDefaults d;
+    d.vocab_size = 129280;
+    d.hidden_size = 7168;
+    d.intermediate_size = 18432;
+    d.moe_intermediate_size = 2048;
+    d.num_hidden_layers = 61;
+    d.num_attention_heads = 128;
+    d.num_key_value_heads = 128;
+    d.num_experts_per_tok = 8;
+    d.rms_norm_eps = 1e-6;
+    d.max_position_embeddings = 4096;
+    d.num_experts = static_cast<int>(r.get_int("n_routed_experts", 256, 1, kMaxConfigInt));
+    parse_decoder_fields(r, d, c);
+    auto f = std::make_shared<DeepseekV3Fields>();
+    auto get = [&](const char* key, int def, int lo) {
+      return static_cast<int>(r.get_int(key, def, lo, kMaxConfigInt));
+    };
+    // q_lora_rank: null = no query compression (q_proj); absent = the config class default.
+    f->q_lora_rank = r.has("q_lora_rank") ? get("q_lora_rank", 0, 1) : (present(r, "q_lora_rank") ? 0 : 1536);
+    f->kv_lora_rank = get("kv_lora_rank", 512, 1);
+    f->qk_nope_head_dim = get("qk_nope_head_dim", 128, 1);
+    f->qk_rope_head_dim = get("qk_rope_head_dim", 64, 2);
+    f->v_head_dim = get("v_head_dim", 128, 1);
+    f->n_shared_experts = get("n_shared_experts", 1, 0);
+    f->n_group = get("n_group", 8, 1);
+    f->topk_group = get("topk_group", 4, 1);
+    f->first_k_dense_replace = get("first_k_dense_replace", 3, 0);
+    f->moe_layer_freq = get("moe_layer_freq", 1, 1);
+    f->num_nextn_predict_layers =
+        get(r.has("num_mtp_layers") ? "num_mtp_layers" : "num_nextn_predict_layers", 0, 0);
+    f->routed_scaling_factor = r.get_positive("routed_scaling_factor", 2.5);
+    f->rope_interleave = r.get_bool("rope_interleave", true);
+    XMOE_CHECK(f->qk_rope_head_dim % 2 == 0, r.field("qk_rope_head_dim"), " = ", f->qk_rope_head_dim,
+               " must be even (RoPE rotates pairs)");
+    // transformers: head_dim = qk_rope_head_dim (what RoPE rotates); the whole of it rotates.
+    c.head_dim = c.rotary_dim = f->qk_rope_head_dim;
+    XMOE_CHECK(c.partial_rotary_factor == 1.0, r.field("partial_rotary_factor"), " = ",
+               c.partial_rotary_factor, " is not supported (DeepSeek-V3 rotates all of qk_rope_head_dim)");
+    // Dense layers: the first first_k_dense_replace, and those moe_layer_freq skips (DeepSeek's modeling
+    // code).
+    for (int i = 0; i < c.num_hidden_layers; ++i)
+      if (i < f->first_k_dense_replace || i % f->moe_layer_freq != 0) c.mlp_only_layers.push_back(i);
+    c.norm_topk_prob = true;  // DeepseekV3Config's default
+    parse_moe_fields(r, d, c);
+
+    const double qk_head = f->qk_nope_head_dim + f->qk_rope_head_dim;
+    double scale = 1.0 / std::sqrt(qk_head);
+    if (c.rope_scaling && c.rope_scaling->type != "default") {
+      const FieldReader rs(r.at(c.rope_scaling->source.c_str()), r.where(), c.rope_scaling->source + ".");
+      const double all_dim = rs.opt_number("mscale_all_dim").value_or(0.0);
+      if (all_dim != 0)
+        scale *= yarn_mscale(c.rope_scaling->factor, all_dim) * yarn_mscale(c.rope_scaling->factor, all_dim);
+    }
+    f->softmax_scale = static_cast<float>(scale);
+
+    const bool kimi = c.model_type == "kimi_k2";
+    if (c.num_experts > 0) {
+      XMOE_CHECK(c.num_experts % f->n_group == 0, r.field("n_group"), " = ", f->n_group,
+                 " must divide n_routed_experts = ", c.num_experts);
+      XMOE_CHECK(f->topk_group <= f->n_group, r.field("topk_group"), " = ", f->topk_group,
+                 " exceeds n_group = ", f->n_group);
+      XMOE_CHECK(c.num_experts_per_tok <= f->topk_group * (c.num_experts / f->n_group),
+                 r.field("num_experts_per_tok"), " = ", c.num_experts_per_tok,
+                 " exceeds the experts of topk_group = ", f->topk_group, " groups");
+      XMOE_CHECK(!kimi || f->n_group == 1, r.field("n_group"), " = ", f->n_group,
+                 " is not supported for model_type kimi_k2 (its router has a single group)");
+    }
+    XMOE_CHECK(!c.attention_bias, r.field("attention_bias"),
+               " = true is not supported (DeepSeek-V3 checkpoints have no attention biases)");
+    XMOE_CHECK(!c.tie_word_embeddings, r.field("tie_word_embeddings"), " = true is not supported");
+    const std::string act = r.opt_string("hidden_act").value_or("silu");
+    XMOE_CHECK(act == "silu", r.field("hidden_act"), " = '", act, "' is not supported (only 'silu')");
+    if (r.has("topk_method")) {
+      const std::string m = *r.opt_string("topk_method");
+      XMOE_CHECK(m == "noaux_tc", r.field("topk_method"), " = '", m,
+                 "' is not supported (DeepSeek-V3's noaux_tc: sigmoid with correction bias, group-limited)");
+    }
+    if (r.has("scoring_func")) {
+      const std::string s = *r.opt_string("scoring_func");
+      XMOE_CHECK(s == "sigmoid", r.field("scoring_func"), " = '", s, "' is not supported (only 'sigmoid')");
+    }
+    c.extension = std::move(f);
+  }
+
+  std::vector<PlannedTensor> tensors(const ModelConfig& c, ExpertLayout layout) const override {
+    const DeepseekV3Fields& f = c.arch<DeepseekV3Fields>();
+    XMOE_CHECK(
+        layout == ExpertLayout::per_expert,
+        "DeepseekV3ForCausalLM: checkpoints hold one tensor per expert (as DeepSeek publishes them); the "
+        "fused expert layout is not supported");
+    const int64_t H = c.hidden_size, nh = c.num_attention_heads, E = c.num_experts,
+                  I = c.moe_intermediate_size;
+    const int64_t qk_head = f.qk_nope_head_dim + f.qk_rope_head_dim;
+    constexpr TensorRole kQuant = TensorRole::quantized_linear;
+    std::vector<PlannedTensor> t;
+    auto swiglu = [&](const DenseMlpNames& m, int64_t F) {
+      t.push_back(random_tensor(m.gate, {F, H}, kQuant));
+      t.back().scale_partner = m.up;
+      t.push_back(random_tensor(m.up, {F, H}, kQuant));
+      t.back().scale_partner = m.gate;
+      t.push_back(random_tensor(m.down, {H, F}, kQuant));
+    };
+    t.push_back(random_tensor(Names::kEmbed, {c.vocab_size, H}));
+    for (int i = 0; i < c.num_hidden_layers; ++i) {
+      const DecoderLayerNames n = Names::decoder_layer(i);
+      const Names::Mla a = Names::mla(i);
+      t.push_back(constant_tensor(n.input_norm, {H}, TensorInit::ones));
+      // As DeepSeek publishes them in FP8: every attention projection (kv_b_proj too).
+      if (f.q_lora_rank > 0) {
+        t.push_back(random_tensor(a.q_a, {f.q_lora_rank, H}, kQuant));
+        t.push_back(constant_tensor(a.q_a_norm, {f.q_lora_rank}, TensorInit::ones));
+        t.push_back(random_tensor(a.q_b, {nh * qk_head, f.q_lora_rank}, kQuant));
+      } else {
+        t.push_back(random_tensor(a.q, {nh * qk_head, H}, kQuant));
+      }
+      t.push_back(random_tensor(a.kv_a, {f.kv_lora_rank + f.qk_rope_head_dim, H}, kQuant));
+      t.push_back(constant_tensor(a.kv_a_norm, {f.kv_lora_rank}, TensorInit::ones));
+      t.push_back(random_tensor(a.kv_b, {nh * (f.qk_nope_head_dim + f.v_head_dim), f.kv_lora_rank}, kQuant));
+      t.push_back(random_tensor(a.o, {H, nh * f.v_head_dim}, kQuant));
+      t.push_back(constant_tensor(n.post_norm, {H}, TensorInit::ones));
+      if (c.is_sparse_layer(i)) {
+        const MoeNames m = Names::moe(i, c);
+        t.push_back(random_tensor(m.router, {E, H}, TensorRole::kept_linear));
+        t.push_back(constant_tensor(m.correction_bias, {E}, TensorInit::zeros));
+        for (int j = 0; j < E; ++j)
+          swiglu({m.expert(j, "gate_proj"), m.expert(j, "up_proj"), m.expert(j, "down_proj")}, I);
+        if (m.shared_intermediate > 0) swiglu(m.shared, m.shared_intermediate);
+      } else {
+        swiglu(Names::dense(i), c.intermediate_size);
+      }
+    }
+    t.push_back(constant_tensor(Names::kFinalNorm, {H}, TensorInit::ones));
+    t.push_back(random_tensor(Names::kLmHead, {c.vocab_size, H}, TensorRole::kept_linear));
+    return t;
+  }
+
+  std::unique_ptr<CausalLM> load(const Checkpoint& checkpoint, const LoadOptions& options) const override {
+    const ModelConfig& c = checkpoint.config();
+    const DeepseekV3Fields& f = c.arch<DeepseekV3Fields>();
+    DecoderSpec spec;
+    spec.embed = Names::kEmbed;
+    spec.final_norm = Names::kFinalNorm;
+    spec.lm_head = Names::kLmHead;
+    spec.layer_names = &Names::decoder_layer;
+    MlaDims dims;
+    dims.heads = c.num_attention_heads;
+    dims.q_lora_rank = f.q_lora_rank;
+    dims.kv_lora_rank = f.kv_lora_rank;
+    dims.qk_nope = f.qk_nope_head_dim;
+    dims.qk_rope = f.qk_rope_head_dim;
+    dims.v_head = f.v_head_dim;
+    dims.scale = f.softmax_scale;
+    dims.rope_interleave = f.rope_interleave;
+    spec.kv_latent_width = dims.latent_width();
+    spec.attention_layer = [dims, c](int i, DecoderLoader& ld) -> std::unique_ptr<AttentionLayer> {
+      const Names::Mla a = Names::mla(i);
+      const int64_t H = c.hidden_size, nh = dims.heads;
+      MlaWeights w;
+      if (dims.q_lora_rank > 0) {
+        w.q_a = ld.matrix(a.q_a, dims.q_lora_rank, H);
+        w.q_a_norm = ld.vector(a.q_a_norm, dims.q_lora_rank);
+        w.q_b = ld.matrix(a.q_b, nh * dims.qk_head(), dims.q_lora_rank);
+      } else {
+        w.q = ld.matrix(a.q, nh * dims.qk_head(), H);
+      }
+      w.kv_a = ld.matrix(a.kv_a, dims.latent_width(), H);
+      w.kv_a_norm = ld.vector(a.kv_a_norm, dims.kv_lora_rank);
+      w.kv_b = ld.matrix(a.kv_b, nh * (dims.qk_nope + dims.v_head), dims.kv_lora_rank);
+      w.o = ld.matrix(a.o, H, nh * dims.v_head);
+      return std::make_unique<MlaAttention>(dims, std::move(w));
+    };
+    LlmRouterConfig router;
+    router.type = c.model_type == "kimi_k2" ? LlmRouterType::kimi_k2 : LlmRouterType::deepseek_v3;
+    router.num_experts = c.num_experts;
+    router.top_k = c.num_experts_per_tok;
+    router.norm_topk_prob = c.norm_topk_prob;
+    router.n_group = f.n_group;
+    router.topk_group = f.topk_group;
+    router.routed_scaling_factor = f.routed_scaling_factor;
+    spec.feed_forward = [router, c](int i, DecoderLoader& ld) -> std::unique_ptr<FeedForward> {
+      if (c.is_sparse_layer(i))
+        return load_swiglu_moe(ld, Names::moe(i, c), router, c.hidden_size, c.moe_intermediate_size, i);
+      return load_dense_swiglu(ld, Names::dense(i), c.hidden_size, c.intermediate_size);
+    };
+    return load_decoder(checkpoint, options, std::move(spec));
+  }
+
+  InitModelSpec init_model_spec() const override {
+    InitModelSpec s;
+    // DeepSeek-V3's tokenizer: begin/end of sentence and pad at ids 0-2, then the chat, thinking and
+    // tool-call tokens its template uses.
+    s.special_tokens = {{"<｜begin▁of▁sentence｜>", true},
+                        {"<｜end▁of▁sentence｜>", true},
+                        {"<｜▁pad▁｜>", true},
+                        {"<｜User｜>", false},
+                        {"<｜Assistant｜>", false},
+                        {"<think>", false},
+                        {"</think>", false},
+                        {"<｜tool▁calls▁begin｜>", false},
+                        {"<｜tool▁calls▁end｜>", false},
+                        {"<｜tool▁call▁begin｜>", false},
+                        {"<｜tool▁call▁end｜>", false},
+                        {"<｜tool▁outputs▁begin｜>", false},
+                        {"<｜tool▁outputs▁end｜>", false},
+                        {"<｜tool▁output▁begin｜>", false},
+                        {"<｜tool▁output▁end｜>", false},
+                        {"<｜tool▁sep｜>", false}};
+    // The main split of DeepSeek-V3's pre-tokenizer (its tokenizer.json also splits digits in threes and CJK
+    // runs first; the byte-level tokenizer init-model writes has one split).
+    s.split_regex = R"([\r\n]|\s?\p{L}+|\s?\p{P}+|\p{N}{1,3}|[^\s\p{L}\p{P}\p{N}]+|\s+(?!\S)|\s+)";
+    s.chat_template = kDeepseekV3ChatTemplate;
+    s.tokenizer_class = "LlamaTokenizerFast";
+    s.bos_token = "<｜begin▁of▁sentence｜>";
+    s.eos_token = "<｜end▁of▁sentence｜>";
+    s.pad_token = "<｜end▁of▁sentence｜>";
+    s.model_max_length = 131072;
+    s.config_bos = "<｜begin▁of▁sentence｜>";
+    s.config_eos = "<｜end▁of▁sentence｜>";
+    s.generation_eos = {"<｜end▁of▁sentence｜>"};
+    s.generation_pad = "<｜end▁of▁sentence｜>";
+    // DeepSeek-V3's published generation defaults.
+    s.sampling["do_sample"] = true;
+    s.sampling["temperature"] = 0.6;
+    s.sampling["top_p"] = 0.95;
+    s.initializer_range = 0.02;
+    return s;
+  }
+};
+
+}  // namespace
+
+const Architecture& deepseek_v3_architecture() {
+  static const DeepseekV3 arch;
+  return arch;
+}
+
+}  // namespace xmoe::llm

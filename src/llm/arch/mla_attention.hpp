@@ -1,0 +1,70 @@
+// Multi-head latent attention (DeepSeek-V2/V3, transformers' DeepseekV3Attention) over a latent KV cache.
+//
+// q = q_b(RMSNorm(q_a(x))) (q_lora_rank > 0) or q_proj(x), per head [q_nope (nope), q_pe (rope)];
+// kv_a_proj_with_mqa(x) = [c_kv (kv_lora_rank), k_pe (rope)], c_kv RMSNorm'd (eps 1e-6, as transformers'
+// DeepseekV3RMSNorm default); RoPE on q_pe and the one shared k_pe (interleaved pairs when rope_interleave:
+// even/odd values de-interleaved first, as apply_rotary_pos_emb_interleave). The cache keeps only
+// [c_kv, k_pe] per token (kv_lora_rank + rope values). kv_b_proj maps c_kv to each head's [k_nope (nope),
+// v (v_head_dim)]; score = scale · (q_nope·k_nope + q_pe·k_pe).
+//
+// Two exact forms of the same attention:
+// - absorbed (decode: a chunk of one token): W_UK folded into the query, q_lat = W_UKᵀ q_nope, scores
+//   q_lat·c_kv + q_pe·k_pe straight over the cached latents, o_lat = Σ p·c_kv, then W_UV o_lat.
+// - expanded (prefill: longer chunks): k_nope and v of every cached position from kv_b_proj, then ordinary
+//   attention.
+// kv_b_proj is dequantised to f32 at load (FP8 block or BF16 in the checkpoint): both forms read that copy.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kernels/packed_weight.hpp"
+#include "llm/arch/decoder.hpp"
+
+namespace xmoe::llm {
+
+struct MlaDims {
+  int heads = 0;
+  int q_lora_rank = 0;  // 0: q_proj straight from the hidden state
+  int kv_lora_rank = 0, qk_nope = 0, qk_rope = 0, v_head = 0;
+  float scale = 0;              // softmax scale (qk_head_dim^-0.5 · mscale² under YaRN)
+  bool rope_interleave = true;  // the checkpoint's rope dims are interleaved pairs
+  float latent_eps = 1e-6f;     // q_a_layernorm / kv_a_layernorm
+  int latent_width() const { return kv_lora_rank + qk_rope; }
+  int qk_head() const { return qk_nope + qk_rope; }
+};
+
+struct MlaWeights {
+  kernels::PackedWeight q;         // [heads·qk_head, H] without q_lora
+  kernels::PackedWeight q_a, q_b;  // [q_lora, H], [heads·qk_head, q_lora] with q_lora
+  std::vector<float> q_a_norm;     // [q_lora]
+  kernels::PackedWeight kv_a;      // [kv_lora + rope, H]
+  std::vector<float> kv_a_norm;    // [kv_lora]
+  kernels::PackedWeight kv_b;      // [heads·(nope + v), kv_lora], any format
+  kernels::PackedWeight o;         // [H, heads·v]
+};
+
+// Which form runs a chunk: automatic = absorbed for one-token chunks, expanded for longer ones.
+enum class MlaForm { automatic, absorbed, expanded };
+
+class MlaAttention final : public AttentionLayer {
+ public:
+  MlaAttention(const MlaDims& dims, MlaWeights weights, MlaForm form = MlaForm::automatic);
+
+  void forward(const kernels::KernelTable& table, const Rope& rope, const StepRows& step, KvCache& cache,
+               int layer, const float* x, float* out, AttentionScratch& scratch) override;
+  size_t bytes() const override;
+
+ private:
+  void attend_absorbed(const kernels::KernelTable& table, KvCache& cache, int layer, SequenceId seq,
+                       int64_t pos, const float* q, float* out, int h) const;
+  void attend_expanded(const kernels::KernelTable& table, KvCache& cache, int layer, SequenceId seq,
+                       int64_t first_pos, int64_t n, const float* q, int64_t ldq, float* out, int64_t ldo);
+
+  MlaDims d_;
+  MlaWeights w_;
+  MlaForm form_;
+  std::vector<float> kv_b_;  // kv_b_proj in f32, [heads·(nope + v), kv_lora]: W_UK and W_UV rows per head
+  kernels::PackedWeight kv_b_f32_;
+};
+
+}  // namespace xmoe::llm
