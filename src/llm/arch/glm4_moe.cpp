@@ -13,8 +13,8 @@
 
 #include "llm/arch/architecture.hpp"
 #include "llm/arch/decoder.hpp"
-#include "llm/arch/feed_forward.hpp"
 #include "llm/arch/glm4_moe_chat_template.hpp"
+#include "llm/arch/glm4_moe_parts.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::llm {
@@ -23,86 +23,36 @@ namespace {
 
 // config.json fields only GLM-4.5+ (of the architectures here) has.
 struct Glm4MoeFields final : ArchitectureConfig {
+  GlmMoeFields moe;
   int first_k_dense_replace = 1;
-  int n_shared_experts = 1;
-  int n_group = 1, topk_group = 1;
-  double routed_scaling_factor = 1.0;
   bool use_qk_norm = false;
-  int num_nextn_predict_layers = 1;
 };
 
-// The tensor-name map: one place for the names the loader reads and init-model / quantize write.
-struct Names {
-  static std::string layer(int i) { return "model.layers." + std::to_string(i) + "."; }
-  static DecoderLayerNames decoder_layer(int i) {
-    const std::string p = layer(i);
-    DecoderLayerNames n;
-    n.input_norm = p + "input_layernorm.weight";
-    n.post_norm = p + "post_attention_layernorm.weight";
-    n.attention.q = p + "self_attn.q_proj";
-    n.attention.k = p + "self_attn.k_proj";
-    n.attention.v = p + "self_attn.v_proj";
-    n.attention.o = p + "self_attn.o_proj";
-    n.attention.q_norm = p + "self_attn.q_norm.weight";
-    n.attention.k_norm = p + "self_attn.k_norm.weight";
-    return n;
-  }
-  static MoeNames moe(int i, const ModelConfig& c) {
-    const std::string p = layer(i) + "mlp.";
-    MoeNames n;
-    n.router = p + "gate.weight";
-    n.correction_bias = p + "gate.e_score_correction_bias";
-    n.expert = [p](int e, const char* proj) {
-      return p + "experts." + std::to_string(e) + "." + proj + ".weight";
-    };
-    n.fused_gate_up = p + "experts.gate_up_proj";
-    n.fused_down = p + "experts.down_proj";
-    n.shared = {p + "shared_experts.gate_proj.weight", p + "shared_experts.up_proj.weight",
-                p + "shared_experts.down_proj.weight"};
-    n.shared_intermediate = c.moe_intermediate_size * c.arch<Glm4MoeFields>().n_shared_experts;
-    return n;
-  }
-  static DenseMlpNames dense(int i) {
-    const std::string p = layer(i) + "mlp.";
-    return {p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"};
-  }
-  // A multi-token-prediction layer's own tensors (besides a decoder layer's), as DeepSeek-V3 / GLM store
-  // them.
-  struct Mtp {
-    std::string embed, enorm, hnorm, eh_proj, head_norm, head;
-  };
-  static Mtp mtp(int i) {
-    const std::string p = layer(i);
-    return {
-        p + "embed_tokens.weight",     p + "enorm.weight",           p + "hnorm.weight", p + "eh_proj.weight",
-        p + "shared_head.norm.weight", p + "shared_head.head.weight"};
-  }
-  static constexpr const char* kEmbed = "model.embed_tokens.weight";
-  static constexpr const char* kFinalNorm = "model.norm.weight";
-  static constexpr const char* kLmHead = "lm_head.weight";
-};
-
-constexpr TensorRole kQuant = TensorRole::quantized_linear;
-
-void add_pair(std::vector<PlannedTensor>& t, const std::string& gate, const std::string& up, int64_t rows,
-              int64_t cols) {
-  t.push_back(random_tensor(gate, {rows, cols}, kQuant));
-  t.back().scale_partner = up;
-  t.push_back(random_tensor(up, {rows, cols}, kQuant));
-  t.back().scale_partner = gate;
+// The tensor-name map of the attention side (the feed-forward side's is in glm4_moe_parts).
+DecoderLayerNames decoder_layer_names(int i) {
+  const std::string p = glm_layer_prefix(i);
+  DecoderLayerNames n;
+  n.input_norm = p + "input_layernorm.weight";
+  n.post_norm = p + "post_attention_layernorm.weight";
+  n.attention.q = p + "self_attn.q_proj";
+  n.attention.k = p + "self_attn.k_proj";
+  n.attention.v = p + "self_attn.v_proj";
+  n.attention.o = p + "self_attn.o_proj";
+  n.attention.q_norm = p + "self_attn.q_norm.weight";
+  n.attention.k_norm = p + "self_attn.k_norm.weight";
+  return n;
 }
-
-void add_dense_mlp(std::vector<PlannedTensor>& t, const DenseMlpNames& m, int64_t hidden, int64_t inter) {
-  add_pair(t, m.gate, m.up, inter, hidden);
-  t.push_back(random_tensor(m.down, {hidden, inter}, kQuant));
-}
+constexpr const char* kEmbed = "model.embed_tokens.weight";
+constexpr const char* kFinalNorm = "model.norm.weight";
+constexpr const char* kLmHead = "lm_head.weight";
 
 // One decoder layer's tensors in module order (input norm, attention, post norm, MLP or MoE block).
 void add_layer(std::vector<PlannedTensor>& t, const ModelConfig& c, int i, ExpertLayout layout) {
+  constexpr TensorRole kQuant = TensorRole::quantized_linear;
   const Glm4MoeFields& f = c.arch<Glm4MoeFields>();
-  const int64_t H = c.hidden_size, D = c.head_dim, E = c.num_experts, I = c.moe_intermediate_size;
+  const int64_t H = c.hidden_size, D = c.head_dim;
   const int64_t q_dim = int64_t{c.num_attention_heads} * D, kv_dim = int64_t{c.num_key_value_heads} * D;
-  const DecoderLayerNames n = Names::decoder_layer(i);
+  const DecoderLayerNames n = decoder_layer_names(i);
   t.push_back(constant_tensor(n.input_norm, {H}, TensorInit::ones));
   t.push_back(random_tensor(n.attention.q + ".weight", {q_dim, H}, kQuant));
   if (c.attention_bias) t.push_back(constant_tensor(n.attention.q + ".bias", {q_dim}, TensorInit::zeros));
@@ -116,34 +66,7 @@ void add_layer(std::vector<PlannedTensor>& t, const ModelConfig& c, int i, Exper
     t.push_back(constant_tensor(n.attention.k_norm, {D}, TensorInit::ones));
   }
   t.push_back(constant_tensor(n.post_norm, {H}, TensorInit::ones));
-  if (!c.is_sparse_layer(i)) {
-    add_dense_mlp(t, Names::dense(i), H, c.intermediate_size);
-    return;
-  }
-  const MoeNames m = Names::moe(i, c);
-  if (layout == ExpertLayout::per_expert) {
-    for (int j = 0; j < E; ++j) {
-      add_pair(t, m.expert(j, "gate_proj"), m.expert(j, "up_proj"), I, H);
-      t.push_back(random_tensor(m.expert(j, "down_proj"), {H, I}, kQuant));
-    }
-  } else {
-    // A fused tensor is its per-expert tensors' random streams one after the other.
-    PlannedTensor gate_up{m.fused_gate_up, {E, 2 * I, H}, TensorInit::normal, {}, TensorRole::other, ""};
-    PlannedTensor down{m.fused_down, {E, H, I}, TensorInit::normal, {}, TensorRole::other, ""};
-    const int64_t per_expert = H * I;
-    for (int j = 0; j < E; ++j) {
-      gate_up.segments.push_back({m.expert(j, "gate_proj"), per_expert});
-      gate_up.segments.push_back({m.expert(j, "up_proj"), per_expert});
-      down.segments.push_back({m.expert(j, "down_proj"), per_expert});
-    }
-    t.push_back(std::move(gate_up));
-    t.push_back(std::move(down));
-  }
-  // GLM's published FP8 checkpoints keep the router (mlp.gate) unquantized; transformers initialises the
-  // correction bias to zeros.
-  t.push_back(random_tensor(m.router, {E, H}, TensorRole::kept_linear));
-  t.push_back(constant_tensor(m.correction_bias, {E}, TensorInit::zeros));
-  if (m.shared_intermediate > 0) add_dense_mlp(t, m.shared, H, m.shared_intermediate);
+  add_glm_feed_forward(t, c, f.moe, i, layout);
 }
 
 class Glm4Moe final : public Architecture {
@@ -182,26 +105,8 @@ class Glm4Moe final : public Architecture {
     for (int i = 0; i < std::min(f->first_k_dense_replace, c.num_hidden_layers); ++i)
       c.mlp_only_layers.push_back(i);
     parse_moe_fields(r, d, c);
-    f->n_shared_experts = static_cast<int>(r.get_int("n_shared_experts", 1, 0, kMaxConfigInt));
-    f->n_group = static_cast<int>(r.get_int("n_group", 1, 1, kMaxConfigInt));
-    f->topk_group = static_cast<int>(r.get_int("topk_group", 1, 1, kMaxConfigInt));
-    f->routed_scaling_factor = r.get_positive("routed_scaling_factor", 1.0);
+    f->moe = parse_glm_moe_fields(r, c, 1.0);
     f->use_qk_norm = r.get_bool("use_qk_norm", false);
-    const char* mtp_key = r.has("num_mtp_layers") ? "num_mtp_layers" : "num_nextn_predict_layers";
-    f->num_nextn_predict_layers = static_cast<int>(r.get_int(mtp_key, 1, 0, 1 << 10));
-
-    const int E = c.num_experts;
-    XMOE_CHECK(E % f->n_group == 0, r.field("n_group"), " = ", f->n_group,
-               " must divide n_routed_experts = ", E);
-    XMOE_CHECK(f->n_group == 1 || E / f->n_group >= 2, r.field("n_group"), " = ", f->n_group,
-               " leaves groups of one expert (a group's score is the sum of its two best experts)");
-    XMOE_CHECK(f->topk_group <= f->n_group, r.field("topk_group"), " = ", f->topk_group,
-               " exceeds n_group = ", f->n_group);
-    XMOE_CHECK(c.num_experts_per_tok <= f->topk_group * (E / f->n_group), r.field("num_experts_per_tok"),
-               " = ", c.num_experts_per_tok, " exceeds the experts of topk_group groups (", f->topk_group,
-               " x ", E / f->n_group, ")");
-    const std::string act = r.opt_string("hidden_act").value_or("silu");
-    XMOE_CHECK(act == "silu", r.field("hidden_act"), " = '", act, "' is not supported (only 'silu')");
     XMOE_CHECK(!r.has("layer_types") && !r.has("sliding_window"),
                r.field(r.has("layer_types") ? "layer_types" : "sliding_window"),
                " is not supported (GLM-4.5+ attends over the whole context in every layer)");
@@ -209,26 +114,18 @@ class Glm4Moe final : public Architecture {
   }
 
   std::vector<PlannedTensor> tensors(const ModelConfig& c, ExpertLayout layout) const override {
-    const int64_t H = c.hidden_size, V = c.vocab_size;
     std::vector<PlannedTensor> t;
-    t.push_back(random_tensor(Names::kEmbed, {V, H}));
+    t.push_back(random_tensor(kEmbed, {c.vocab_size, c.hidden_size}));
     for (int i = 0; i < c.num_hidden_layers; ++i) add_layer(t, c, i, layout);
-    // The MTP layers as GLM publishes them (after the decoder layers in its checkpoints' module order):
-    // the decoder layer, then embeddings, the two input norms, the projection of [enorm(e); hnorm(h)], and
-    // the shared head. Their projections stay unquantized like the router and lm_head.
-    const int mtp = c.arch<Glm4MoeFields>().num_nextn_predict_layers;
+    // The MTP layers as GLM publishes them, after the decoder layers: a decoder layer and its own tensors.
+    const int mtp = c.arch<Glm4MoeFields>().moe.num_nextn_predict_layers;
     for (int i = c.num_hidden_layers; i < c.num_hidden_layers + mtp; ++i) {
       add_layer(t, c, i, layout);
-      const Names::Mtp m = Names::mtp(i);
-      t.push_back(random_tensor(m.embed, {V, H}));
-      t.push_back(constant_tensor(m.enorm, {H}, TensorInit::ones));
-      t.push_back(constant_tensor(m.hnorm, {H}, TensorInit::ones));
-      t.push_back(random_tensor(m.eh_proj, {H, 2 * H}, TensorRole::kept_linear));
-      t.push_back(constant_tensor(m.head_norm, {H}, TensorInit::ones));
-      t.push_back(random_tensor(m.head, {V, H}, TensorRole::kept_linear));
+      add_glm_mtp_extras(t, c, i);
     }
-    t.push_back(constant_tensor(Names::kFinalNorm, {H}, TensorInit::ones));
-    if (!c.tie_word_embeddings) t.push_back(random_tensor(Names::kLmHead, {V, H}, TensorRole::kept_linear));
+    t.push_back(constant_tensor(kFinalNorm, {c.hidden_size}, TensorInit::ones));
+    if (!c.tie_word_embeddings)
+      t.push_back(random_tensor(kLmHead, {c.vocab_size, c.hidden_size}, TensorRole::kept_linear));
     return t;
   }
 
@@ -236,25 +133,15 @@ class Glm4Moe final : public Architecture {
     const ModelConfig& c = checkpoint.config();
     const Glm4MoeFields& f = c.arch<Glm4MoeFields>();
     DecoderSpec spec;
-    spec.embed = Names::kEmbed;
-    spec.final_norm = Names::kFinalNorm;
-    spec.lm_head = Names::kLmHead;
+    spec.embed = kEmbed;
+    spec.final_norm = kFinalNorm;
+    spec.lm_head = kLmHead;
     spec.attention.qk_norm = f.use_qk_norm;
     spec.attention.qkv_bias = c.attention_bias;  // Glm4MoeAttention's o_proj has no bias
-    spec.layer_names = &Names::decoder_layer;
-    LlmRouterConfig router;
-    router.type = LlmRouterType::deepseek_v3;
-    router.num_experts = c.num_experts;
-    router.top_k = c.num_experts_per_tok;
-    router.norm_topk_prob = c.norm_topk_prob;
-    router.n_group = f.n_group;
-    router.topk_group = f.topk_group;
-    router.routed_scaling_factor = f.routed_scaling_factor;
+    spec.layer_names = &decoder_layer_names;
     // Only layers [0, num_hidden_layers) are loaded: the MTP layers after them are skipped.
-    spec.feed_forward = [router, c](int i, DecoderLoader& loader) -> std::unique_ptr<FeedForward> {
-      if (c.is_sparse_layer(i))
-        return load_swiglu_moe(loader, Names::moe(i, c), router, c.hidden_size, c.moe_intermediate_size, i);
-      return load_dense_swiglu(loader, Names::dense(i), c.hidden_size, c.intermediate_size);
+    spec.feed_forward = [c, moe = f.moe](int i, DecoderLoader& loader) {
+      return load_glm_feed_forward(loader, c, moe, i);
     };
     return load_decoder(checkpoint, options, std::move(spec));
   }
