@@ -21,6 +21,10 @@ exercising every branch of the architecture:
                   modules_to_not_convert}; every attention, dense-MLP, routed- and shared-expert linear is
                   weight F8_E4M3 + weight_scale_inv F32 (transformers' Fp8Quantize); the router mlp.gate, norms,
                   correction bias, embeddings and lm_head stay BF16).
+  glm4-moe-lite-a/ Glm4MoeLiteForCausalLM (GLM-4.7-Flash: MLA attention on GLM's MoE): q_lora_rank, interleaved
+                  RoPE, YaRN with mscale / mscale_all_dim, mlp_layer_types dense then sparse, 2 groups; per-expert.
+  glm4-moe-lite-b/ q_proj (q_lora_rank null), RoPE not interleaved, default RoPE, one MoE layer, v_head_dim !=
+                  qk_nope_head_dim, norm_topk_prob false; fused experts. (Two prompts each.)
   <name>.expected.safetensors: transformers in fp32 on those weights (on the dequantised weights for -fp8):
                   prefill logits of every prompt position, 8 greedy decode steps through its KV cache, greedy
                   ids (tools/make_fixtures.py's layout).
@@ -41,11 +45,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_fixtures import DECODE_STEPS, run_prompts, save_expected  # noqa: E402
 from make_quant_model_fixtures import quantize_fp8  # noqa: E402
 
-from transformers import AutoConfig, Glm4MoeForCausalLM  # noqa: E402
+from transformers import AutoConfig, Glm4MoeForCausalLM, Glm4MoeLiteForCausalLM  # noqa: E402
 from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeDecoderLayer  # noqa: E402
 
 PROMPT_LENGTHS = [5, 11, 17]
-VOCAB = 96
+VOCAB = 64
 
 
 def config_a():
@@ -120,6 +124,54 @@ def config_b():
     }
 
 
+def config_lite_a():
+    """GLM-4.7-Flash's form: MLA with q_lora, interleaved RoPE, YaRN with mscale_all_dim (softmax scale)."""
+    return {
+        "architectures": ["Glm4MoeLiteForCausalLM"],
+        "model_type": "glm4_moe_lite",
+        "attention_bias": False,
+        "eos_token_id": [1, 2],
+        "pad_token_id": 1,
+        "hidden_act": "silu",
+        "hidden_size": 32,
+        "intermediate_size": 32,
+        "kv_lora_rank": 16,
+        "max_position_embeddings": 128,
+        "mlp_layer_types": ["dense", "sparse"],
+        "moe_intermediate_size": 8,
+        "n_group": 2,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "norm_topk_prob": True,
+        "num_attention_heads": 4,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 2,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "rms_norm_eps": 1e-05,
+        "rope_interleave": True,
+        "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                            "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0},
+        "routed_scaling_factor": 1.8,
+        "tie_word_embeddings": False,
+        "topk_group": 1,
+        "dtype": "bfloat16",
+        "v_head_dim": 8,
+        "vocab_size": VOCAB,
+    }
+
+
+def config_lite_b():
+    """No q_lora (q_proj), RoPE not interleaved, default RoPE, every layer MoE, norm_topk_prob false."""
+    cfg = config_lite_a()
+    cfg.update({"q_lora_rank": None, "rope_interleave": False, "mlp_layer_types": ["sparse"], "num_hidden_layers": 1,
+                "n_group": 1, "norm_topk_prob": False, "routed_scaling_factor": 1.0, "v_head_dim": 12,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}})
+    return cfg
+
+
 def randomize(params, seed):
     """Weights large enough that logits and router choices are well separated."""
     g = torch.Generator().manual_seed(seed)
@@ -181,7 +233,8 @@ def write_dir(directory, cfg, tensors):
 def load_hf(directory):
     config = AutoConfig.from_pretrained(directory)
     config._attn_implementation = "eager"
-    return Glm4MoeForCausalLM(config).eval().float()
+    cls = Glm4MoeLiteForCausalLM if config.model_type == "glm4_moe_lite" else Glm4MoeForCausalLM
+    return cls(config).eval().float()
 
 
 def per_expert(state):
@@ -297,6 +350,8 @@ def main():
     check_transformers_loader(os.path.join(args.out, "glm4-moe-a"), prompts, results_a)
     state_b, _ = make_model(args.out, "glm4-moe-b", config_b(), 12, "per_expert", prompts)
     make_fp8(args.out, "glm4-moe-b-fp8", config_b(), state_b, prompts)
+    make_model(args.out, "glm4-moe-lite-a", config_lite_a(), 13, "per_expert", prompts[:2])
+    make_model(args.out, "glm4-moe-lite-b", config_lite_b(), 14, "fused", prompts[:2])
     assert DECODE_STEPS == 8
 
 

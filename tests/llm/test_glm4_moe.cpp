@@ -258,5 +258,101 @@ TEST(Glm4Moe, InitModelWritesLoadableCheckpoints) {
   }
 }
 
+// Glm4MoeLiteForCausalLM (GLM-4.7-Flash): MLA attention on GLM's MoE block.
+TEST(Glm4MoeLite, ConfigDefaultsAreTransformers) {
+  const ModelConfig c = parse_model_config_text(
+      R"({"architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite"})", "config.json");
+  EXPECT_EQ(c.vocab_size, 154880);
+  EXPECT_EQ(c.hidden_size, 2048);
+  EXPECT_EQ(c.intermediate_size, 10240);
+  EXPECT_EQ(c.moe_intermediate_size, 1536);
+  EXPECT_EQ(c.num_hidden_layers, 47);
+  EXPECT_EQ(c.num_attention_heads, 20);
+  EXPECT_EQ(c.num_experts, 64);
+  EXPECT_EQ(c.num_experts_per_tok, 4);
+  EXPECT_EQ(c.head_dim, 64);  // qk_rope_head_dim, all of it rotated
+  EXPECT_EQ(c.rotary_dim, 64);
+  EXPECT_EQ(c.max_position_embeddings, 202752);
+  EXPECT_EQ(c.bos_token_id, 0);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{1}));
+  EXPECT_FALSE(c.is_sparse_layer(0));  // mlp_layer_types: dense, then sparse
+  EXPECT_TRUE(c.is_sparse_layer(46));
+  const auto plan = architecture_of(c).tensors(c, ExpertLayout::per_expert);
+  EXPECT_EQ(find_planned(plan, "model.layers.0.self_attn.q_a_proj.weight")->shape,
+            (std::vector<int64_t>{768, 2048}));  // q_lora_rank 768
+  EXPECT_EQ(find_planned(plan, "model.layers.0.self_attn.kv_a_proj_with_mqa.weight")->shape,
+            (std::vector<int64_t>{512 + 64, 2048}));
+  EXPECT_EQ(find_planned(plan, "model.layers.0.self_attn.kv_b_proj.weight")->shape,
+            (std::vector<int64_t>{20 * (192 + 256), 512}));
+  EXPECT_EQ(find_planned(plan, "model.layers.47.input_layernorm.weight"), nullptr);  // no MTP field: none
+}
+
+TEST(Glm4MoeLite, ConfigErrorsNameTheField) {
+  const nlohmann::json j = fixture_config("glm4-moe-lite-a");
+  const std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>> cases = {
+      {[](nlohmann::json& b) { b["first_k_dense_replace"] = 2; },
+       "field 'first_k_dense_replace' = 2 disagrees with mlp_layer_types at layer 1"},
+      {[](nlohmann::json& b) {
+         b["mlp_layer_types"] = {"dense", "moe"};
+       },
+       "field 'mlp_layer_types'[1] = \"moe\" must be 'dense' or 'sparse'"},
+      {[](nlohmann::json& b) { b["mlp_layer_types"] = {"dense"}; },
+       "field 'mlp_layer_types' must be a list of"},
+      {[](nlohmann::json& b) { b["attention_bias"] = true; },
+       "field 'attention_bias' = true is not supported"},
+      {[](nlohmann::json& b) { b["head_dim"] = 8; },
+       "field 'head_dim' = 8 differs from qk_rope_head_dim = 4"},
+      {[](nlohmann::json& b) { b["qk_rope_head_dim"] = 3; }, "field 'qk_rope_head_dim' = 3 must be even"},
+      {[](nlohmann::json& b) { b["n_group"] = 3; }, "field 'n_group' = 3 must divide n_routed_experts = 8"},
+      {[](nlohmann::json& b) { b["topk_method"] = "greedy"; },
+       "field 'topk_method' = 'greedy' is not supported"},
+      {[](nlohmann::json& b) { b["partial_rotary_factor"] = 0.5; }, "field 'partial_rotary_factor' = 0.5"},
+  };
+  for (const auto& [edit, want] : cases) {
+    nlohmann::json bad = j;
+    edit(bad);
+    const std::string e = config_error(bad);
+    EXPECT_NE(e.find(want), std::string::npos) << "want: " << want << "\ngot:  " << e;
+  }
+}
+
+TEST(Glm4MoeLite, QLoraYarnInterleavedMatchesTransformers) {
+  expect_matches_oracle("glm4-moe-lite-a", "glm4-moe-lite-a", 1e-4);
+}
+
+TEST(Glm4MoeLite, QProjPlainRopeFusedExpertsMatchesTransformers) {
+  expect_matches_oracle("glm4-moe-lite-b", "glm4-moe-lite-b", 1e-4);
+}
+
+// init-model (BF16 and FP8 block) writes a checkpoint xmoe loads; its KV cache holds one latent of
+// kv_lora_rank + qk_rope_head_dim values per token and layer.
+TEST(Glm4MoeLite, InitModelWritesLoadableCheckpoints) {
+  TempDir tmp;
+  nlohmann::json cfg = fixture_config("glm4-moe-lite-a");
+  cfg["vocab_size"] = 600;
+  cfg["num_nextn_predict_layers"] = 1;
+  cfg.erase("eos_token_id");
+  cfg.erase("pad_token_id");
+  std::ofstream(tmp.path + "/config.json") << cfg.dump(1);
+  for (const char* quant : {"", " --quant fp8-block"}) {
+    const std::string out = tmp.path + (*quant ? "/fp8" : "/bf16");
+    const auto r =
+        testing_cli::run_cli("init-model --config " + tmp.path + "/config.json --out " + out + quant);
+    ASSERT_EQ(r.code, 0) << r.output;
+    Loaded l = load(out, DType::f32);
+    EXPECT_TRUE(l.ckpt.contains("model.layers.2.eh_proj.weight"));  // the MTP layer, planned and skipped
+    EXPECT_EQ(run_alone(*l.model, {5, 6, 7, 8, 9, 10, 11, 12}, 2).greedy.size(), 2u);
+    const KvCacheShape shape = l.model->kv_cache_shape();
+    ASSERT_EQ(shape.layer_latent.size(), 2u);
+    EXPECT_EQ(shape.layer_latent[0], 16 + 4);
+    if (*quant) {
+      const auto f = SafetensorsFile::open(out + "/model.safetensors");
+      EXPECT_EQ(f.entry("model.layers.0.self_attn.kv_b_proj.weight").dtype, "F8_E4M3");
+      EXPECT_EQ(f.entry("model.layers.1.mlp.shared_experts.up_proj.weight").dtype, "F8_E4M3");
+      EXPECT_EQ(f.entry("model.layers.1.mlp.gate.weight").dtype, "BF16");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace xmoe::llm::test

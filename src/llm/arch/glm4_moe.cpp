@@ -105,7 +105,7 @@ class Glm4Moe final : public Architecture {
     for (int i = 0; i < std::min(f->first_k_dense_replace, c.num_hidden_layers); ++i)
       c.mlp_only_layers.push_back(i);
     parse_moe_fields(r, d, c);
-    f->moe = parse_glm_moe_fields(r, c, 1.0);
+    f->moe = parse_glm_moe_fields(r, c, 1.0, 1);
     f->use_qk_norm = r.get_bool("use_qk_norm", false);
     XMOE_CHECK(!r.has("layer_types") && !r.has("sliding_window"),
                r.field(r.has("layer_types") ? "layer_types" : "sliding_window"),
@@ -146,69 +146,7 @@ class Glm4Moe final : public Architecture {
     return load_decoder(checkpoint, options, std::move(spec));
   }
 
-  InitModelSpec init_model_spec() const override {
-    InitModelSpec s;
-    // GLM-4.5/4.6's added tokens in id order (151329 ...). The role and control tokens are special; the
-    // thinking, tool-call and box tags are added but not special, so they stay in decoded text for the
-    // output parsers.
-    s.special_tokens = {{"<|endoftext|>", true},
-                        {"[MASK]", true},
-                        {"[gMASK]", true},
-                        {"[sMASK]", true},
-                        {"<sop>", true},
-                        {"<eop>", true},
-                        {"<|system|>", true},
-                        {"<|user|>", true},
-                        {"<|assistant|>", true},
-                        {"<|observation|>", true},
-                        {"<|begin_of_image|>", true},
-                        {"<|end_of_image|>", true},
-                        {"<|begin_of_video|>", true},
-                        {"<|end_of_video|>", true},
-                        {"<|begin_of_audio|>", true},
-                        {"<|end_of_audio|>", true},
-                        {"<|begin_of_transcription|>", true},
-                        {"<|end_of_transcription|>", true},
-                        {"<|code_prefix|>", true},
-                        {"<|code_middle|>", true},
-                        {"<|code_suffix|>", true},
-                        {"<think>", false},
-                        {"</think>", false},
-                        {"<tool_call>", false},
-                        {"</tool_call>", false},
-                        {"<tool_response>", false},
-                        {"</tool_response>", false},
-                        {"<arg_key>", false},
-                        {"</arg_key>", false},
-                        {"<arg_value>", false},
-                        {"</arg_value>", false},
-                        {"/nothink", false},
-                        {"<|begin_of_box|>", false},
-                        {"<|end_of_box|>", false},
-                        {"<|image|>", true},
-                        {"<|video|>", true}};
-    // GLM-4's pre-tokenizer split (its tiktoken pat_str: digits in runs of up to three).
-    s.split_regex =
-        R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-    s.chat_template = std::string(kGlm4MoeChatTemplate);
-    s.tokenizer_class = "PreTrainedTokenizerFast";
-    s.eos_token = "<|endoftext|>";
-    s.pad_token = "<|endoftext|>";
-    s.additional_special_tokens = {"<|endoftext|>", "[MASK]",         "[gMASK]",    "[sMASK]",
-                                   "<sop>",         "<eop>",          "<|system|>", "<|user|>",
-                                   "<|assistant|>", "<|observation|>"};
-    s.model_max_length = 202752;
-    s.config_eos = "<|endoftext|>";
-    // GLM-4.6's generation_config: a turn ends at <|endoftext|>, or where the next <|user|> / tool
-    // <|observation|> would start.
-    s.generation_eos = {"<|endoftext|>", "<|user|>", "<|observation|>"};
-    s.generation_pad = "<|endoftext|>";
-    s.sampling["do_sample"] = true;
-    s.sampling["temperature"] = 1.0;
-    s.sampling["top_p"] = 0.95;
-    s.initializer_range = 0.02;
-    return s;
-  }
+  InitModelSpec init_model_spec() const override { return glm_init_model_spec(kGlm4MoeChatTemplate); }
 };
 
 }  // namespace

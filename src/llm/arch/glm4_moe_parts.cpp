@@ -25,14 +25,14 @@ void add_dense_mlp(std::vector<PlannedTensor>& t, const DenseMlpNames& m, int64_
 }  // namespace
 
 GlmMoeFields parse_glm_moe_fields(const FieldReader& r, const ModelConfig& c,
-                                  double default_routed_scaling_factor) {
+                                  double default_routed_scaling_factor, int default_mtp_layers) {
   GlmMoeFields f;
   f.n_shared_experts = static_cast<int>(r.get_int("n_shared_experts", 1, 0, kMaxConfigInt));
   f.n_group = static_cast<int>(r.get_int("n_group", 1, 1, kMaxConfigInt));
   f.topk_group = static_cast<int>(r.get_int("topk_group", 1, 1, kMaxConfigInt));
   f.routed_scaling_factor = r.get_positive("routed_scaling_factor", default_routed_scaling_factor);
   const char* mtp_key = r.has("num_mtp_layers") ? "num_mtp_layers" : "num_nextn_predict_layers";
-  f.num_nextn_predict_layers = static_cast<int>(r.get_int(mtp_key, 1, 0, 1 << 10));
+  f.num_nextn_predict_layers = static_cast<int>(r.get_int(mtp_key, default_mtp_layers, 0, 1 << 10));
   const int E = c.num_experts;
   XMOE_CHECK(E % f.n_group == 0, r.field("n_group"), " = ", f.n_group, " must divide n_routed_experts = ", E);
   XMOE_CHECK(f.n_group == 1 || E / f.n_group >= 2, r.field("n_group"), " = ", f.n_group,
@@ -133,6 +133,70 @@ std::unique_ptr<FeedForward> load_glm_feed_forward(DecoderLoader& loader, const 
   router.routed_scaling_factor = f.routed_scaling_factor;
   return load_swiglu_moe(loader, glm_moe_names(layer, c, f), router, c.hidden_size, c.moe_intermediate_size,
                          layer);
+}
+
+InitModelSpec glm_init_model_spec(std::string_view chat_template) {
+  InitModelSpec s;
+  // GLM-4.5/4.6's added tokens in id order (151329 ...). The role and control tokens are special; the
+  // thinking, tool-call and box tags are added but not special, so they stay in decoded text for the
+  // output parsers.
+  s.special_tokens = {{"<|endoftext|>", true},
+                      {"[MASK]", true},
+                      {"[gMASK]", true},
+                      {"[sMASK]", true},
+                      {"<sop>", true},
+                      {"<eop>", true},
+                      {"<|system|>", true},
+                      {"<|user|>", true},
+                      {"<|assistant|>", true},
+                      {"<|observation|>", true},
+                      {"<|begin_of_image|>", true},
+                      {"<|end_of_image|>", true},
+                      {"<|begin_of_video|>", true},
+                      {"<|end_of_video|>", true},
+                      {"<|begin_of_audio|>", true},
+                      {"<|end_of_audio|>", true},
+                      {"<|begin_of_transcription|>", true},
+                      {"<|end_of_transcription|>", true},
+                      {"<|code_prefix|>", true},
+                      {"<|code_middle|>", true},
+                      {"<|code_suffix|>", true},
+                      {"<think>", false},
+                      {"</think>", false},
+                      {"<tool_call>", false},
+                      {"</tool_call>", false},
+                      {"<tool_response>", false},
+                      {"</tool_response>", false},
+                      {"<arg_key>", false},
+                      {"</arg_key>", false},
+                      {"<arg_value>", false},
+                      {"</arg_value>", false},
+                      {"/nothink", false},
+                      {"<|begin_of_box|>", false},
+                      {"<|end_of_box|>", false},
+                      {"<|image|>", true},
+                      {"<|video|>", true}};
+  // GLM-4's pre-tokenizer split (its tiktoken pat_str: digits in runs of up to three).
+  s.split_regex =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  s.chat_template = std::string(chat_template);
+  s.tokenizer_class = "PreTrainedTokenizerFast";
+  s.eos_token = "<|endoftext|>";
+  s.pad_token = "<|endoftext|>";
+  s.additional_special_tokens = {"<|endoftext|>", "[MASK]",         "[gMASK]",    "[sMASK]",
+                                 "<sop>",         "<eop>",          "<|system|>", "<|user|>",
+                                 "<|assistant|>", "<|observation|>"};
+  s.model_max_length = 202752;
+  s.config_eos = "<|endoftext|>";
+  // GLM-4.6's generation_config: a turn ends at <|endoftext|>, or where the next <|user|> / tool
+  // <|observation|> would start.
+  s.generation_eos = {"<|endoftext|>", "<|user|>", "<|observation|>"};
+  s.generation_pad = "<|endoftext|>";
+  s.sampling["do_sample"] = true;
+  s.sampling["temperature"] = 1.0;
+  s.sampling["top_p"] = 0.95;
+  s.initializer_range = 0.02;
+  return s;
 }
 
 }  // namespace xmoe::llm
