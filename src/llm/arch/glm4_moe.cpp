@@ -24,7 +24,6 @@ namespace {
 // config.json fields only GLM-4.5+ (of the architectures here) has.
 struct Glm4MoeFields final : ArchitectureConfig {
   GlmMoeFields moe;
-  int first_k_dense_replace = 1;
   bool use_qk_norm = false;
 };
 
@@ -101,9 +100,9 @@ class Glm4Moe final : public Architecture {
     parse_decoder_fields(r, d, c);
 
     auto f = std::make_shared<Glm4MoeFields>();
-    f->first_k_dense_replace = static_cast<int>(r.get_int("first_k_dense_replace", 1, 0, kMaxConfigInt));
-    for (int i = 0; i < std::min(f->first_k_dense_replace, c.num_hidden_layers); ++i)
-      c.mlp_only_layers.push_back(i);
+    // The first first_k_dense_replace layers are dense (Glm4MoeDecoderLayer), the rest MoE.
+    const int dense = static_cast<int>(r.get_int("first_k_dense_replace", 1, 0, kMaxConfigInt));
+    for (int i = 0; i < std::min(dense, c.num_hidden_layers); ++i) c.mlp_only_layers.push_back(i);
     parse_moe_fields(r, d, c);
     f->moe = parse_glm_moe_fields(r, c, 1.0, 1);
     f->use_qk_norm = r.get_bool("use_qk_norm", false);
