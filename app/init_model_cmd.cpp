@@ -170,7 +170,9 @@ void write_config_files(const InitModelOptions& o, const llm::ModelConfig& confi
   cfg["torch_dtype"] = torch_dtype;
   if (cfg.contains("dtype")) cfg["dtype"] = torch_dtype;  // transformers v5's name for it
   if (!ids.empty()) {
-    cfg["bos_token_id"] = ids.at(spec.config_bos);
+    // An architecture without a BOS token (GLM) writes null, as its published config.json does.
+    cfg["bos_token_id"] =
+        spec.config_bos.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(ids.at(spec.config_bos));
     cfg["eos_token_id"] = ids.at(spec.config_eos);
   }
   const bool gpt_oss_mxfp4 = std::any_of(
@@ -184,7 +186,7 @@ void write_config_files(const InitModelOptions& o, const llm::ModelConfig& confi
 
   nlohmann::ordered_json gen;
   if (!ids.empty()) {
-    gen["bos_token_id"] = ids.at(spec.config_bos);
+    if (!spec.config_bos.empty()) gen["bos_token_id"] = ids.at(spec.config_bos);
     nlohmann::ordered_json eos = nlohmann::ordered_json::array();
     for (const std::string& e : spec.generation_eos) eos.push_back(ids.at(e));
     gen["eos_token_id"] = eos;
