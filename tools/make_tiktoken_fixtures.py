@@ -225,6 +225,9 @@ def corpus(special_names):
         "!!!!!! ??? ... ---- ==== **bold** __under__ ~~strike~~ `code` ```block```",
         "mixed中文English混合123数字and日本語とEnglish",
         "Hello世界Привет🌍مرحبا",
+        # Unicode 15-16 characters (CJK extensions H and I, Cyrillic Ᲊ, Latin Ꟍ, Kannada ೳ, Kawi, Garay digits):
+        # properties of tiktoken's Unicode version, not of an older library's.
+        "CJK Ext H \U00031350\U00031351 Ext I \U0002EBF0\U0002EBF1 Ᲊᲊ ꟋꟌꟍ x\u0CF3y \U00011F04\U00011F05 \U00010D40\U00010D41\U00010D42\U00010D43",
         "\u200b zero\u200cwidth\u200djoiner \ufeff bom \u00ad soft",
         "unassigned and private use: \ue000\U000f0000 and noncharacters \ufdd0\uffff",
         "[BOS]Hello[EOS]",

@@ -16,6 +16,7 @@
 
 #include "cli_runner.hpp"
 #include "llm/model_bundle.hpp"
+#include "llm/tokenizer/tiktoken_pattern.hpp"
 #include "llm/tokenizer/tiktoken_tokenizer.hpp"
 #include "llm/tokenizer/utf8.hpp"
 #include "xmoe/error.hpp"
@@ -153,6 +154,21 @@ TEST(Tiktoken, WrapperChunksAtPythonWhitespace) {
   EXPECT_EQ(chunks[1], "a  " + std::string(25'000, 'b'));
   EXPECT_EQ(chunks[2].size(), 25'000u);
   EXPECT_EQ(chunks[3], std::string(1, 'b'));
+}
+
+TEST(Tiktoken, UnicodePropertiesAreTiktokens) {
+  // Escapes other than a tabled property stay as written (an escaped backslash before "p{L}" included).
+  EXPECT_EQ(td::expand_unicode_properties(R"(a\\p{L}\p{Greek}\d)"), R"(a\\p{L}\p{Greek}\d)");
+  const std::string han = td::expand_unicode_properties(R"([^\p{Han}])");
+  EXPECT_EQ(han.substr(0, 3), "[^[");
+  EXPECT_NE(han.find(R"(\x{4E00}-)"), std::string::npos);
+  // U+31350 (CJK Extension H, Unicode 15) is Han and a letter for tiktoken, whatever Oniguruma's tables say.
+  const td::Regex letters(td::expand_unicode_properties(R"(\p{Han}+|\P{L}+)"), "test");
+  const std::string text = "\xF0\xB1\x8D\x90\xF0\xB1\x8D\x91 \xE4\xB8\x80";
+  const auto matches = letters.find_all(text);
+  ASSERT_EQ(matches.size(), 3u);
+  EXPECT_EQ(matches[0], std::make_pair(size_t{0}, size_t{8}));
+  EXPECT_EQ(matches[1], std::make_pair(size_t{8}, size_t{9}));
 }
 
 TEST(Tiktoken, SpecialTokensAndVocabulary) {

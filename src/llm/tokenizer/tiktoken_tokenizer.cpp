@@ -5,6 +5,7 @@
 #include <set>
 
 #include "llm/tokenizer/byte_level.hpp"
+#include "llm/tokenizer/tiktoken_pattern.hpp"
 #include "util/text_file.hpp"
 #include "xmoe/error.hpp"
 #include "xmoe/tokenizer.hpp"
@@ -64,9 +65,11 @@ std::map<int32_t, AddedToken> parse_added_tokens_decoder(const Json& config, con
 
 std::string pattern_of(const Json& config, const JsonPath& root) {
   const Json* pattern = optional_field(config, "pat_str");
-  if (!pattern) return std::string(kKimiPattern);
+  if (!pattern) return expand_unicode_properties(kKimiPattern);
   XMOE_CHECK(pattern->is_string(), (root / "pat_str").str(), ": expected a string");
-  return pattern->get<std::string>();
+  const std::string written = pattern->get<std::string>();
+  Regex(written, (root / "pat_str").str());  // an error then quotes the pattern as written, not expanded
+  return expand_unicode_properties(written);
 }
 
 }  // namespace

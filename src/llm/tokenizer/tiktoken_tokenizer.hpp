@@ -18,7 +18,8 @@ namespace xmoe::tokenizer_detail {
 
 // Kimi-K2's pat_str (tokenization_kimi.py), the pattern used unless tokenizer_config.json names another in
 // "pat_str". Oniguruma reads it as the Rust regex crate under tiktoken does: `&&` intersects classes,
-// \p{Han} is the Han script (not script extensions), (?i:...) folds case.
+// \p{Han} is the Han script (not script extensions), (?i:...) folds case; the Unicode properties are
+// expanded to tiktoken's own tables first (tiktoken_pattern.hpp).
 inline constexpr std::string_view kKimiPattern =
     R"([\p{Han}]+)"
     R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
