@@ -314,4 +314,51 @@ TEST(Tiktoken, CheckpointWithTiktokenModelGenerates) {
   fs::remove_all(dir);
 }
 
+// `init-model --vocab-format tiktoken` (the default of an architecture whose InitModelSpec asks for it)
+// writes tiktoken.model + tokenizer_config.json that load back, with the architecture's special tokens in the
+// reserved ids and config.json's eos pointing at them.
+TEST(Tiktoken, InitModelWritesTiktokenVocabulary) {
+  const fs::path dir = fs::temp_directory_path() / ("xmoe_tiktoken_init_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  json cfg = json::parse(read_file(std::string(XMOE_TEST_DATA_DIR) + "/models/untied-yarn/config.json"));
+  cfg["vocab_size"] = 1000;
+  std::ofstream(dir / "config.json") << cfg.dump(2);
+  const fs::path model = dir / "model";
+  const auto init =
+      xmoe::testing_cli::run_cli("init-model --config " + (dir / "config.json").string() + " --out " +
+                                 model.string() + " --dtype f32 --vocab-format tiktoken");
+  ASSERT_EQ(init.code, 0) << init.output;
+  EXPECT_FALSE(fs::exists(model / "tokenizer.json"));
+  ASSERT_TRUE(fs::exists(model / "tiktoken.model"));
+  const xmoe::Tokenizer t = xmoe::Tokenizer::from_tiktoken_file((model / "tiktoken.model").string(),
+                                                                (model / "tokenizer_config.json").string());
+  EXPECT_EQ(t.vocab_size(), 1000);
+  const json written = json::parse(read_file((model / "config.json").string()));
+  const auto im_end = t.token_to_id("<|im_end|>");
+  ASSERT_TRUE(im_end.has_value());
+  EXPECT_GE(*im_end, 1000 - 256);
+  EXPECT_TRUE(t.is_special(*im_end));
+  EXPECT_EQ(written["eos_token_id"], *im_end);
+  EXPECT_EQ(t.id_to_token(999), "<|reserved_token_999|>");
+  const std::string text = "Hello, world! The model thinks. 你好";
+  const auto ids = t.encode(text);
+  EXPECT_LT(ids.size(), text.size());  // seed words merge
+  EXPECT_EQ(t.decode(ids), text);
+  const auto run =
+      xmoe::testing_cli::run_cli("generate --model " + model.string() +
+                                 " --prompt 'Hello, world' --max-tokens 3 --ignore-eos --dtype f32");
+  EXPECT_EQ(run.code, 0) << run.output;
+  // Too small a vocabulary for 256 bytes and 256 reserved ids: no tokenizer, said so.
+  cfg["vocab_size"] = 400;
+  std::ofstream(dir / "config.json") << cfg.dump(2);
+  const auto small =
+      xmoe::testing_cli::run_cli("init-model --config " + (dir / "config.json").string() + " --out " +
+                                 (dir / "small").string() + " --vocab-format tiktoken");
+  EXPECT_EQ(small.code, 0) << small.output;
+  EXPECT_NE(small.output.find("no tokenizer written"), std::string::npos) << small.output;
+  EXPECT_FALSE(fs::exists(dir / "small" / "tiktoken.model"));
+  fs::remove_all(dir);
+}
+
 }  // namespace
