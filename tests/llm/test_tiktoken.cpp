@@ -257,6 +257,11 @@ TEST(Tiktoken, BadFilesGiveErrorsNamingFileLineAndProblem) {
   EXPECT_NE(load_error(good, R"({"pat_str": "(unclosed"})")
                 .find("dir/tokenizer_config.json: pat_str: invalid regex"),
             std::string::npos);
+  std::string many_properties;
+  for (int i = 0; i < 200; ++i) many_properties += "\\\\p{L}";
+  EXPECT_NE(load_error(good, R"({"pat_str": ")" + many_properties + "\"}")
+                .find("pat_str: too many Unicode property classes"),
+            std::string::npos);
   const std::string missing = load_error(good, "");
   EXPECT_EQ(missing, "<no error>");
   try {

@@ -63,21 +63,30 @@ std::map<int32_t, AddedToken> parse_added_tokens_decoder(const Json& config, con
   return tokens;
 }
 
-std::string pattern_of(const Json& config, const JsonPath& root) {
+// The pre-tokenizer: tokenizer_config.json's "pat_str", else Kimi-K2's pattern (compiled once per process:
+// its expansion to tiktoken's Unicode tables is ~110 KB of regex).
+Regex pattern_of(const Json& config, const JsonPath& root) {
   const Json* pattern = optional_field(config, "pat_str");
-  if (!pattern) return expand_unicode_properties(kKimiPattern);
-  XMOE_CHECK(pattern->is_string(), (root / "pat_str").str(), ": expected a string");
+  if (!pattern) {
+    static const Regex kimi(expand_unicode_properties(kKimiPattern), "Kimi-K2's pat_str");
+    return kimi;
+  }
+  const JsonPath at = root / "pat_str";
+  XMOE_CHECK(pattern->is_string(), at.str(), ": expected a string");
   const std::string written = pattern->get<std::string>();
-  Regex(written, (root / "pat_str").str());  // an error then quotes the pattern as written, not expanded
-  return expand_unicode_properties(written);
+  Regex(written, at.str());  // an error then quotes the pattern as written, not expanded
+  const std::string expanded = expand_unicode_properties(written);
+  // Each property class expands to up to ~10 KB: a bound keeps a hostile config from compiling megabytes.
+  XMOE_CHECK(expanded.size() <= (size_t{1} << 20), at.str(), ": too many Unicode property classes (",
+             expanded.size(), " bytes once expanded, at most 1 MiB)");
+  return Regex(expanded, at.str());
 }
 
 }  // namespace
 
 TiktokenTokenizer::TiktokenTokenizer(std::string_view model_text, const std::string& model_where,
                                      const Json& config, const std::string& config_where)
-    : vocabulary_(model_text, model_where),
-      pattern_(pattern_of(config, JsonPath{config_where, ""}), config_where + ": pat_str") {
+    : vocabulary_(model_text, model_where), pattern_(pattern_of(config, JsonPath{config_where, ""})) {
   const JsonPath root{config_where, ""};
   XMOE_CHECK(config.is_null() || config.is_object(), config_where,
              ": expected a JSON object at the top level");
