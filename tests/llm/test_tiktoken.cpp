@@ -247,6 +247,11 @@ TEST(Tiktoken, BadFilesGiveErrorsNamingFileLineAndProblem) {
   EXPECT_NE(load_error(good, R"({"added_tokens_decoder": {"x": {"content": "a"}}})")
                 .find("dir/tokenizer_config.json: added_tokens_decoder.x: key is not a token id"),
             std::string::npos);
+  EXPECT_NE(
+      load_error(good, R"({"added_tokens_decoder": {"512": {"content": "<a>"}}})")
+          .find("added_tokens_decoder.512: id 512 is past the 256 special ids after the vocabulary (ids end "
+                "at 511)"),
+      std::string::npos);
   EXPECT_NE(load_error(good, R"({"added_tokens_decoder": {"300": {"special": true}}})")
                 .find("added_tokens_decoder.300.content: missing"),
             std::string::npos);

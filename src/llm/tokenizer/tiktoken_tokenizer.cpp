@@ -34,8 +34,10 @@ bool is_python_space(char32_t cp) {
 
 namespace {
 
-// tokenizer_config.json's added_tokens_decoder: {"<id>": {"content": ..., "special": ..., ...}, ...}.
-std::map<int32_t, AddedToken> parse_added_tokens_decoder(const Json& config, const JsonPath& root) {
+// tokenizer_config.json's added_tokens_decoder: {"<id>": {"content": ..., "special": ..., ...}, ...}, ids
+// below id_limit (the end of the reserved window: the model's vocabulary ends there).
+std::map<int32_t, AddedToken> parse_added_tokens_decoder(const Json& config, const JsonPath& root,
+                                                         int64_t id_limit) {
   std::map<int32_t, AddedToken> tokens;
   const Json* decoder = optional_field(config, "added_tokens_decoder");
   if (!decoder) return tokens;
@@ -46,7 +48,9 @@ std::map<int32_t, AddedToken> parse_added_tokens_decoder(const Json& config, con
     const JsonPath where = at / key;
     const bool numeric = !key.empty() && key.size() <= 10 &&
                          std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
-    XMOE_CHECK(numeric && std::stoll(key) <= INT32_MAX, where.str(), ": key is not a token id");
+    XMOE_CHECK(numeric, where.str(), ": key is not a token id");
+    XMOE_CHECK(std::stoll(key) < id_limit, where.str(), ": id ", key, " is past the ", kReservedSpecialTokens,
+               " special ids after the vocabulary (ids end at ", id_limit - 1, ")");
     AddedToken token;
     token.id = static_cast<int32_t>(std::stoll(key));
     token.content = require_string(entry, "content", where);
@@ -90,12 +94,13 @@ TiktokenTokenizer::TiktokenTokenizer(std::string_view model_text, const std::str
   const JsonPath root{config_where, ""};
   XMOE_CHECK(config.is_null() || config.is_object(), config_where,
              ": expected a JSON object at the top level");
-  std::map<int32_t, AddedToken> named = parse_added_tokens_decoder(config, root);
+  const int32_t first = vocabulary_.size();
+  std::map<int32_t, AddedToken> named =
+      parse_added_tokens_decoder(config, root, int64_t{first} + kReservedSpecialTokens);
   // HF matches every added_tokens_decoder entry in the text (with its flags); tiktoken then matches the
   // reserved window, where unnamed ids get placeholder names.
   std::vector<AddedToken> tokens;
   for (auto& [id, token] : named) tokens.push_back(token);
-  const int32_t first = vocabulary_.size();
   for (int32_t id = first; id < first + kReservedSpecialTokens; ++id) {
     if (named.count(id)) continue;
     AddedToken token;
