@@ -129,6 +129,14 @@ std::string quoted(const std::string& s) {
 json added_token_json(int64_t id, const SpecialTokenSpec& t) {
   json j;
   j["id"] = id;
+  j.update(added_token_entry(t));
+  return j;
+}
+
+}  // namespace
+
+json added_token_entry(const SpecialTokenSpec& t) {
+  json j;
   j["content"] = t.content;
   j["single_word"] = false;
   j["lstrip"] = false;
@@ -138,7 +146,29 @@ json added_token_json(int64_t id, const SpecialTokenSpec& t) {
   return j;
 }
 
-}  // namespace
+std::vector<std::string> byte_level_vocabulary(int64_t num_regular,
+                                               const std::vector<SpecialTokenSpec>& specials) {
+  return build_bpe(num_regular, specials).vocab;
+}
+
+json tokenizer_config_json(const llm::InitModelSpec& spec, json added_tokens_decoder) {
+  json config;
+  config["add_bos_token"] = false;
+  config["add_prefix_space"] = false;
+  config["added_tokens_decoder"] = std::move(added_tokens_decoder);
+  config["additional_special_tokens"] = spec.additional_special_tokens;
+  config["bos_token"] = spec.bos_token.empty() ? json(nullptr) : json(spec.bos_token);
+  config["chat_template"] = spec.chat_template;
+  config["clean_up_tokenization_spaces"] = false;
+  config["eos_token"] = spec.eos_token;
+  config["errors"] = "replace";
+  config["model_max_length"] = spec.model_max_length;
+  config["pad_token"] = spec.pad_token;
+  config["split_special_tokens"] = false;
+  config["tokenizer_class"] = spec.tokenizer_class;
+  config["unk_token"] = nullptr;
+  return config;
+}
 
 std::map<std::string, int32_t> write_byte_level_tokenizer(const std::string& dir, int64_t vocab_size,
                                                           const llm::InitModelSpec& spec) {
@@ -189,27 +219,11 @@ std::map<std::string, int32_t> write_byte_level_tokenizer(const std::string& dir
   text += "\n  ]\n }\n}\n";
   write_text_file(dir + "/tokenizer.json", text);
 
-  json config;
-  config["add_bos_token"] = false;
-  config["add_prefix_space"] = false;
   json decoder = json::object();
-  for (int64_t i = 0; i < num_special; ++i) {
-    json t = added_token_json(first_special + i, spec.special_tokens[static_cast<size_t>(i)]);
-    t.erase("id");
-    decoder[std::to_string(first_special + i)] = t;
-  }
-  config["added_tokens_decoder"] = decoder;
-  config["additional_special_tokens"] = spec.additional_special_tokens;
-  config["bos_token"] = spec.bos_token.empty() ? json(nullptr) : json(spec.bos_token);
-  config["chat_template"] = spec.chat_template;
-  config["clean_up_tokenization_spaces"] = false;
-  config["eos_token"] = spec.eos_token;
-  config["errors"] = "replace";
-  config["model_max_length"] = spec.model_max_length;
-  config["pad_token"] = spec.pad_token;
-  config["split_special_tokens"] = false;
-  config["tokenizer_class"] = spec.tokenizer_class;
-  config["unk_token"] = nullptr;
+  for (int64_t i = 0; i < num_special; ++i)
+    decoder[std::to_string(first_special + i)] =
+        added_token_entry(spec.special_tokens[static_cast<size_t>(i)]);
+  const json config = tokenizer_config_json(spec, std::move(decoder));
   write_text_file(dir + "/tokenizer_config.json", config.dump(2) + "\n");
 
   std::map<std::string, int32_t> ids;

@@ -25,6 +25,7 @@
 #include "llm/progress_bar.hpp"
 #include "quant_checkpoint.hpp"
 #include "safetensors_stream_writer.hpp"
+#include "tiktoken_tokenizer_writer.hpp"
 #include "util/random.hpp"
 #include "util/text_file.hpp"
 #include "xmoe/dtype.hpp"
@@ -330,6 +331,10 @@ CLI::App* add_init_model_subcommand(CLI::App& app, InitModelOptions& o) {
       ->check(CLI::IsMember(kQuantTargetFlags));
   cmd->add_option("--quant-layout", o.quant_layout, kQuantLayoutHelp)
       ->check(CLI::IsMember(kQuantLayoutFlags));
+  cmd->add_option("--vocab-format", o.vocab_format,
+                  "tokenizer files: tokenizer.json | tiktoken (tiktoken.model + tokenizer_config.json, as "
+                  "Kimi-K2); default: the architecture's")
+      ->check(CLI::IsMember({"tokenizer.json", "tiktoken"}));
   return cmd;
 }
 
@@ -373,9 +378,11 @@ int run_init_model(const InitModelOptions& o) {
 
   // Tokenizer first: config.json and generation_config.json name its special-token ids.
   std::map<std::string, int32_t> ids;
-  const int64_t min_vocab = min_byte_level_vocab(spec);
+  const bool tiktoken = o.vocab_format.empty() ? spec.tiktoken_vocabulary : o.vocab_format == "tiktoken";
+  const int64_t min_vocab = tiktoken ? kMinTiktokenVocab : min_byte_level_vocab(spec);
   if (config.vocab_size >= min_vocab)
-    ids = write_byte_level_tokenizer(o.out, config.vocab_size, spec);
+    ids = tiktoken ? write_tiktoken_tokenizer(o.out, config.vocab_size, spec)
+                   : write_byte_level_tokenizer(o.out, config.vocab_size, spec);
   else
     std::fprintf(stderr, "init-model: vocab_size %lld < %lld: no tokenizer written (use --prompt-ids)\n",
                  static_cast<long long>(config.vocab_size), static_cast<long long>(min_vocab));

@@ -17,6 +17,7 @@ struct InitModelOptions {
   std::string quant;  // "" (none) or a quantized format for the linears: fp8-block | mxfp4 | nvfp4  // MiB
                       // per safetensors shard; one model.safetensors when everything fits
   std::string quant_layout;  // --quant-layout: "" (the format's default) | modelopt | compressed-tensors
+  std::string vocab_format;  // --vocab-format: "" (the architecture's) | tokenizer.json | tiktoken
 };
 
 CLI::App* add_init_model_subcommand(CLI::App& app, InitModelOptions& o);

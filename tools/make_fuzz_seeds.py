@@ -94,6 +94,22 @@ def tokenizer_encode(out):
         write(bytes([i]) + raw)
 
 
+def tiktoken(out):
+    # Byte 0: 0 = a tiktoken.model file, 1 = a tokenizer_config.json, else text to encode (fuzz_tiktoken.cpp).
+    write = writer(out, "tiktoken")
+    folder = DATA / "tiktoken"
+    model = (folder / "tiktoken.model").read_bytes()
+    write(b"\0" + model[:4096])  # the single bytes and the first merges
+    write(b"\0" + b"\n".join(model.split(b"\n")[:300]) + b"\n")
+    write(b"\1" + (folder / "tokenizer_config.json").read_bytes())
+    write(b'\1{"pat_str": "\\\\p{L}+|\\\\s+|.", "added_tokens_decoder": {"3801": {"content": "<x>", "lstrip": true}}}')
+    cases = json.loads((folder / "cases.json").read_text(encoding="utf-8"))["cases"]
+    texts = [c["text"].encode() for c in cases if len(c["text"]) < 2000]
+    for i, text in enumerate(texts):
+        write(bytes([2 + i % 2]) + text)
+    write(b"\2\xff\xfe\xc3(abc\xe2\x82 <|im_end|\xe4\xb8")
+
+
 def jinja_template(out):
     write = writer(out, "jinja_template")
     for path in sorted((DATA / "chat_templates").glob("*.jinja")):
@@ -215,7 +231,7 @@ def main():
         sys.exit(__doc__)
     out = pathlib.Path(sys.argv[1])
     for make in (safetensors, checkpoint_index, model_config, quantization_config, tokenizer_json,
-                 tokenizer_encode, jinja_template, chat_template_render, openai_request, anthropic_request,
+                 tokenizer_encode, tiktoken, jinja_template, chat_template_render, openai_request, anthropic_request,
                  output_parser):
         make(out)
 

@@ -6,12 +6,26 @@
 #include "xmoe/error.hpp"
 
 namespace xmoe::llm {
+namespace {
+
+// tokenizer.json when present, else a tiktoken vocabulary (tiktoken.model, e.g. Kimi-K2) with the special
+// tokens of tokenizer_config.json beside it.
+std::optional<Tokenizer> open_tokenizer(const std::string& dir) {
+  const std::filesystem::path root(dir);
+  if (std::filesystem::exists(root / "tokenizer.json"))
+    return Tokenizer::from_file((root / "tokenizer.json").string());
+  if (!std::filesystem::exists(root / "tiktoken.model")) return std::nullopt;
+  const std::filesystem::path config = root / "tokenizer_config.json";
+  return Tokenizer::from_tiktoken_file((root / "tiktoken.model").string(),
+                                       std::filesystem::exists(config) ? config.string() : std::string());
+}
+
+}  // namespace
 
 ModelBundle ModelBundle::open(const std::string& dir) {
   XMOE_CHECK(std::filesystem::is_directory(dir), "model ", dir, " is not a directory");
   ModelBundle b{dir, Checkpoint::open(dir), std::nullopt, {}, nullptr};
-  const std::string tokenizer_path = (std::filesystem::path(dir) / "tokenizer.json").string();
-  if (std::filesystem::exists(tokenizer_path)) b.tokenizer = Tokenizer::from_file(tokenizer_path);
+  b.tokenizer = open_tokenizer(dir);
   b.chat = load_chat_setup(dir, b.checkpoint.config(), b.tokenizer ? &*b.tokenizer : nullptr);
   return b;
 }
@@ -28,7 +42,7 @@ void ModelBundle::load_weights(DType dtype, const std::string& isa) {
 
 const Tokenizer& ModelBundle::require_tokenizer(const std::string& purpose) const {
   XMOE_CHECK(tokenizer.has_value(), (std::filesystem::path(dir) / "tokenizer.json").string(),
-             " is missing: ", purpose, " needs it");
+             " (or tiktoken.model) is missing: ", purpose, " needs it");
   return *tokenizer;
 }
 

@@ -16,7 +16,7 @@ namespace xmoe::llm {
 struct ModelBundle {
   std::string dir;
   Checkpoint checkpoint;
-  std::optional<Tokenizer> tokenizer;  // dir/tokenizer.json when present
+  std::optional<Tokenizer> tokenizer;  // dir/tokenizer.json, else dir/tiktoken.model, when present
   ChatSetup chat;
   std::unique_ptr<CausalLM> model;  // set by load_weights
 

@@ -39,6 +39,9 @@ struct InitModelSpec {
   std::string generation_pad;
   nlohmann::ordered_json sampling;  // generation_config.json sampling defaults (do_sample, temperature, ...)
   double initializer_range = 0.02;  // std of the random weights (transformers' config default)
+  // Write the vocabulary as tiktoken.model + tokenizer_config.json (Kimi-K2's format: its pattern, 256
+  // reserved special ids after the vocabulary) instead of tokenizer.json; split_regex is then unused.
+  bool tiktoken_vocabulary = false;
 };
 
 class Architecture {

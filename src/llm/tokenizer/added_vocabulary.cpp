@@ -76,19 +76,27 @@ AddedVocabulary::AddedVocabulary(const Json& added_tokens, const JsonPath& at, c
       const auto model_size = static_cast<int64_t>(model.vocab_count());
       token.id = static_cast<int32_t>(max_id_ >= model_size ? max_id_ + 1 : model_size);
     }
-    const size_t index = tokens_.size();
-    by_content_.insert_or_assign(token.content, token.id);
-    by_id_.insert_or_assign(token.id, index);
-    if (token.special) special_ids_.insert(token.id);
-    max_id_ = std::max<int64_t>(max_id_, token.id);
-    token.surface = token.normalized && normalizer ? normalizer->normalize(token.content) : token.content;
-    if (token.normalized) {
-      normalized_trie_.insert(token.surface, index);
-    } else {
-      raw_trie_.insert(token.content, index);
-    }
-    tokens_.push_back(std::move(token));
+    add(std::move(token), normalizer);
   }
+}
+
+AddedVocabulary::AddedVocabulary(std::vector<AddedToken> tokens) {
+  for (AddedToken& token : tokens) add(std::move(token), nullptr);
+}
+
+void AddedVocabulary::add(AddedToken token, const Normalizer* normalizer) {
+  const size_t index = tokens_.size();
+  by_content_.insert_or_assign(token.content, token.id);
+  by_id_.insert_or_assign(token.id, index);
+  if (token.special) special_ids_.insert(token.id);
+  max_id_ = std::max<int64_t>(max_id_, token.id);
+  token.surface = token.normalized && normalizer ? normalizer->normalize(token.content) : token.content;
+  if (token.normalized) {
+    normalized_trie_.insert(token.surface, index);
+  } else {
+    raw_trie_.insert(token.content, index);
+  }
+  tokens_.push_back(std::move(token));
 }
 
 void AddedVocabulary::split_with(const std::string& text, const Trie& trie,

@@ -39,6 +39,8 @@ class AddedVocabulary {
   // that).
   AddedVocabulary(const Json& added_tokens, const JsonPath& at, const Normalizer* normalizer,
                   const BpeModel& model);
+  // Tokens with their ids already fixed (a tiktoken vocabulary's special tokens); no normalizer.
+  explicit AddedVocabulary(std::vector<AddedToken> tokens);
 
   // HF's AddedVocabulary::extract_and_normalize: cut at tokens with normalized=false in the raw text,
   // normalize the rest, then cut at tokens with normalized=true. Pieces with no id are normalized text.
@@ -65,6 +67,7 @@ class AddedVocabulary {
     std::vector<Node> nodes_{Node{}};
   };
 
+  void add(AddedToken token, const Normalizer* normalizer);
   void split_with(const std::string& text, const Trie& trie, std::vector<TextPiece>& out) const;
 
   std::vector<AddedToken> tokens_;

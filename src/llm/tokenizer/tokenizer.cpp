@@ -13,6 +13,7 @@
 #include "llm/tokenizer/normalizer.hpp"
 #include "llm/tokenizer/post_processor.hpp"
 #include "llm/tokenizer/pre_tokenizer.hpp"
+#include "llm/tokenizer/tokenizer_impl.hpp"
 #include "llm/tokenizer/utf8.hpp"
 #include "util/text_file.hpp"
 #include "xmoe/error.hpp"
@@ -25,7 +26,9 @@ enum class DecoderKind {
   kByteLevel,
 };
 
-struct TokenizerImpl {
+// The tokenizer.json pipeline.
+class JsonTokenizer final : public TokenizerImpl {
+ public:
   std::unique_ptr<Normalizer> normalizer;
   std::unique_ptr<PreTokenizer> pre_tokenizer;
   std::unique_ptr<BpeModel> model;
@@ -33,20 +36,53 @@ struct TokenizerImpl {
   std::unique_ptr<PostProcessor> post_processor;
   DecoderKind decoder = DecoderKind::kJoinWithSpaces;
 
-  const std::string* token_of(int32_t id) const {
-    if (const AddedToken* token = added->by_id(id)) return &token->surface;
-    return model->id_to_token(id);
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const override {
+    std::vector<int32_t> ids;
+    std::vector<std::string> words;
+    for (TextPiece& piece : added->split(text, normalizer.get())) {
+      if (piece.id) {
+        ids.push_back(*piece.id);
+        continue;
+      }
+      words.clear();
+      words.push_back(std::move(piece.text));
+      if (pre_tokenizer) pre_tokenizer->pre_tokenize(words);
+      for (const std::string& word : words) model->tokenize(word, ids);
+    }
+    if (add_special_tokens && post_processor) ids = post_processor->process(std::move(ids));
+    return ids;
   }
 
-  // The bytes a token contributes to decoded text (ByteLevel: mapped back to bytes when every character is
-  // in the byte table, the token's own bytes otherwise); nullopt when the id is skipped.
-  std::optional<std::string> decoded_piece(int32_t id, bool skip_special_tokens) const {
+  // ByteLevel: the token mapped back to bytes when every character is in the byte table, the token's own
+  // bytes otherwise.
+  std::optional<std::string> decoded_piece(int32_t id, bool skip_special_tokens) const override {
     const std::string* token = token_of(id);
     if (!token || (skip_special_tokens && added->is_special(id))) return std::nullopt;
     if (decoder == DecoderKind::kByteLevel) {
       if (auto bytes = byte_level_table().decode(*token)) return bytes;
     }
     return *token;
+  }
+
+  bool joins_pieces_with_spaces() const override { return decoder == DecoderKind::kJoinWithSpaces; }
+
+  std::optional<int32_t> token_to_id(std::string_view token) const override {
+    if (auto id = added->token_to_id(token)) return id;
+    return model->token_to_id(token);
+  }
+
+  std::string id_to_token(int32_t id) const override {
+    const std::string* token = token_of(id);
+    return token ? *token : std::string();
+  }
+
+  int64_t vocab_size() const override { return std::max(model->max_id(), added->max_id()) + 1; }
+  bool is_special(int32_t id) const override { return added->is_special(id); }
+
+ private:
+  const std::string* token_of(int32_t id) const {
+    if (const AddedToken* token = added->by_id(id)) return &token->surface;
+    return model->id_to_token(id);
   }
 };
 
@@ -74,6 +110,7 @@ DecoderKind parse_decoder(const Json& json, const JsonPath& at) {
 }  // namespace tokenizer_detail
 
 using tokenizer_detail::JsonPath;
+using tokenizer_detail::JsonTokenizer;
 using tokenizer_detail::TokenizerImpl;
 
 Tokenizer::Tokenizer(std::shared_ptr<const TokenizerImpl> impl) : impl_(std::move(impl)) {}
@@ -92,7 +129,7 @@ Tokenizer Tokenizer::from_json(const std::string& json_text, const std::string& 
   }
   const JsonPath root{where, ""};
   XMOE_CHECK(json.is_object(), where, ": expected a JSON object at the top level");
-  auto impl = std::make_shared<TokenizerImpl>();
+  auto impl = std::make_shared<JsonTokenizer>();
   impl->model = std::make_unique<BpeModel>(require(json, "model", root), root / "model");
   const Json null_json;
   auto field = [&](const char* key) -> const Json& {
@@ -109,22 +146,7 @@ Tokenizer Tokenizer::from_json(const std::string& json_text, const std::string& 
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
-  using namespace tokenizer_detail;
-  const std::string valid = to_valid_utf8(text);
-  std::vector<int32_t> ids;
-  std::vector<std::string> words;
-  for (TextPiece& piece : impl_->added->split(valid, impl_->normalizer.get())) {
-    if (piece.id) {
-      ids.push_back(*piece.id);
-      continue;
-    }
-    words.clear();
-    words.push_back(std::move(piece.text));
-    if (impl_->pre_tokenizer) impl_->pre_tokenizer->pre_tokenize(words);
-    for (const std::string& word : words) impl_->model->tokenize(word, ids);
-  }
-  if (add_special_tokens && impl_->post_processor) ids = impl_->post_processor->process(std::move(ids));
-  return ids;
+  return impl_->encode(tokenizer_detail::to_valid_utf8(text), add_special_tokens);
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
@@ -133,7 +155,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
   for (int32_t id : ids) {
     auto piece = impl_->decoded_piece(id, skip_special_tokens);
     if (!piece) continue;
-    if (impl_->decoder == tokenizer_detail::DecoderKind::kJoinWithSpaces && !first) bytes += ' ';
+    if (impl_->joins_pieces_with_spaces() && !first) bytes += ' ';
     bytes += *piece;
     first = false;
   }
@@ -141,21 +163,19 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
 }
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
-  if (auto id = impl_->added->token_to_id(token)) return id;
-  return impl_->model->token_to_id(token);
+  return impl_->token_to_id(token);
 }
 
 std::string Tokenizer::id_to_token(int32_t id) const {
-  const std::string* token = impl_->token_of(id);
-  return token ? *token : std::string();
+  return impl_->id_to_token(id);
 }
 
 int64_t Tokenizer::vocab_size() const {
-  return std::max(impl_->model->max_id(), impl_->added->max_id()) + 1;
+  return impl_->vocab_size();
 }
 
 bool Tokenizer::is_special(int32_t id) const {
-  return impl_->added->is_special(id);
+  return impl_->is_special(id);
 }
 
 Tokenizer::StreamDecoder::StreamDecoder(const Tokenizer& t, bool skip_special_tokens)
@@ -164,7 +184,7 @@ Tokenizer::StreamDecoder::StreamDecoder(const Tokenizer& t, bool skip_special_to
 std::string Tokenizer::StreamDecoder::push(int32_t id) {
   auto piece = impl_->decoded_piece(id, skip_special_tokens_);
   if (!piece) return {};
-  if (impl_->decoder == tokenizer_detail::DecoderKind::kJoinWithSpaces && !first_) pending_ += ' ';
+  if (impl_->joins_pieces_with_spaces() && !first_) pending_ += ' ';
   first_ = false;
   pending_ += *piece;
   // Everything but a trailing sequence that may still complete is final: lossy UTF-8 decoding of a prefix
