@@ -15,6 +15,10 @@ struct Vec {
   static T load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, T x) { _mm256_storeu_ps(p, x); }
   static T set1(float x) { return _mm256_set1_ps(x); }
+  static T load_bf16(const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
   static T zero() { return _mm256_setzero_ps(); }
   static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
   static T add(T a, T b) { return _mm256_add_ps(a, b); }

@@ -19,6 +19,10 @@ struct Vec {
   static T load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, T x) { _mm512_storeu_ps(p, x); }
   static T set1(float x) { return _mm512_set1_ps(x); }
+  static T load_bf16(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
   static T zero() { return _mm512_setzero_ps(); }
   static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
   static T add(T a, T b) { return _mm512_add_ps(a, b); }

@@ -13,6 +13,10 @@ namespace {
 struct Ops {
   static constexpr int64_t kLanes = 1;
 
+  static void widen(const uint16_t* src, float* dst, int64_t n) {
+    attention_detail::widen_bf16(src, dst, 0, n);
+  }
+
   static void qk(const float* qt, int64_t mp, int64_t lanes, const float* kf, int64_t kf_ld, int dk,
                  float scale, float* s) {
     for (int64_t p = 0; p < kAttentionChunk; ++p)

@@ -16,6 +16,12 @@ struct SimdOps {
   static constexpr int64_t kLanes = V::kWidth;
   static constexpr int kScoreRows = 4, kRowBlock = 6;
 
+  static void widen(const uint16_t* src, float* dst, int64_t n) {
+    int64_t j = 0;
+    for (; j + kLanes <= n; j += kLanes) V::store(dst + j, V::load_bf16(src + j));
+    widen_bf16(src, dst, j, n);
+  }
+
   template <int QV>
   static void qk_block(const float* qt, int64_t mp, int64_t i0, const float* kf, int64_t kf_ld, int dk,
                        float scale, float* s) {

@@ -51,10 +51,19 @@ struct ScratchLayout {
   }
 };
 
+// dst[j] = f32(src[j]) for j in [from, to): bf16 is the upper half of an f32.
+inline void widen_bf16(const uint16_t* src, float* dst, int64_t from, int64_t to) {
+  for (int64_t j = from; j < to; ++j) {
+    const uint32_t bits = uint32_t{src[j]} << 16;
+    std::memcpy(dst + j, &bits, sizeof bits);
+  }
+}
+
 // rows [0, count) of dst [kAttentionChunk, width_padded] = the chunk's rows (`stride` elements apart) as f32;
-// the padding columns and the rows past count are zero.
-inline void load_rows(const void* src, DType dtype, int64_t count, int64_t stride, int width,
-                      int64_t width_padded, float* dst) {
+// the padding columns and the rows past count are zero. Widen(src, dst, n) converts n bf16 values.
+template <class Widen>
+void load_rows(const void* src, DType dtype, int64_t count, int64_t stride, int width, int64_t width_padded,
+               float* dst, Widen widen) {
   for (int64_t p = 0; p < kAttentionChunk; ++p) {
     float* d = dst + p * width_padded;
     if (p >= count) {
@@ -64,11 +73,7 @@ inline void load_rows(const void* src, DType dtype, int64_t count, int64_t strid
     if (dtype == DType::f32) {
       std::memcpy(d, static_cast<const float*>(src) + p * stride, sizeof(float) * static_cast<size_t>(width));
     } else {
-      const uint16_t* b = reinterpret_cast<const uint16_t*>(static_cast<const bf16*>(src) + p * stride);
-      for (int j = 0; j < width; ++j) {
-        const uint32_t bits = uint32_t{b[j]} << 16;
-        std::memcpy(d + j, &bits, sizeof bits);
-      }
+      widen(reinterpret_cast<const uint16_t*>(static_cast<const bf16*>(src) + p * stride), d, width);
     }
     std::fill(d + width, d + width_padded, 0.0f);
   }
@@ -113,9 +118,9 @@ void attention_tile(const AttentionArgs& a, const AttentionItem& item, float* sc
       const int64_t c0 = j * bs + c, count = std::min<int64_t>(kAttentionChunk, bs - c);
       if (c0 + count <= lo || c0 > last_pos) continue;
       load_rows(kb + esize * static_cast<size_t>(c * a.k_pos_stride + kv_head * a.k_head_stride), a.kv_dtype,
-                count, a.k_pos_stride, a.k_dim, dk_pad, sl.kf);
+                count, a.k_pos_stride, a.k_dim, dk_pad, sl.kf, Ops::widen);
       load_rows(vb + esize * static_cast<size_t>(c * a.v_pos_stride + kv_head * a.v_head_stride), a.kv_dtype,
-                count, a.v_pos_stride, a.v_dim, dvp, sl.vf);
+                count, a.v_pos_stride, a.v_dim, dvp, sl.vf, Ops::widen);
       Ops::qk(sl.qt, mp, lanes, sl.kf, dk_pad, a.k_dim, a.scale, sl.s);
       // Positions a query may not see: after it (causal), before its window, past the block's end.
       for (int64_t r = 0; r < item.rows; ++r) {
