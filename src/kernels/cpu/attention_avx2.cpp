@@ -11,6 +11,8 @@ namespace {
 
 struct Vec {
   using T = __m256;
+  // 16 ymm registers: 8 score or 12 output accumulators.
+  static constexpr int kScoreRows = 4, kRowBlock = 6;
   static constexpr int kWidth = 8;
   static T load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, T x) { _mm256_storeu_ps(p, x); }

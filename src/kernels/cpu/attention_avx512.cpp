@@ -15,6 +15,8 @@ namespace {
 
 struct Vec {
   using T = __m512;
+  // 32 zmm registers: 16 score or 24 output accumulators.
+  static constexpr int kScoreRows = 8, kRowBlock = 12;
   static constexpr int kWidth = 16;
   static T load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, T x) { _mm512_storeu_ps(p, x); }

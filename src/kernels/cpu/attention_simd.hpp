@@ -1,7 +1,8 @@
 // The attention work item's inner loops over vectors of V::kWidth floats (V: a level's vector type and the
-// few operations needed), shared by attention_avx2.cpp and attention_avx512.cpp. Register blocks: scores 4
-// positions × QV vectors of queries, probabilities × V 6 query rows × CV vectors of V columns. Each result
-// element is one FMA chain in a fixed order whichever block (full or remainder) computes it.
+// few operations needed), shared by attention_avx2.cpp and attention_avx512.cpp. Register blocks: scores
+// V::kScoreRows positions × QV vectors of queries, probabilities × V V::kRowBlock query rows × CV vectors of
+// V columns, sized to the level's register file. Each result element is one FMA
+// chain in a fixed order whichever block (full or remainder) computes it.
 #pragma once
 #include <limits>
 
@@ -14,7 +15,8 @@ template <class V>
 struct SimdOps {
   using T = typename V::T;
   static constexpr int64_t kLanes = V::kWidth;
-  static constexpr int kScoreRows = 4, kRowBlock = 6;
+  static constexpr int kScoreRows = V::kScoreRows, kRowBlock = V::kRowBlock;
+  static_assert(kAttentionChunk % kScoreRows == 0);
 
   static void widen(const uint16_t* src, float* dst, int64_t n) {
     int64_t j = 0;
@@ -96,30 +98,24 @@ struct SimdOps {
       for (int v = 0; v < CV; ++v) V::store(o + (i0 + r) * dvp + c0 + v * V::kWidth, acc[r][v]);
   }
 
+  // Rows [i, i + R') for the R' = rows − i < kRowBlock left over.
+  template <int R, int CV>
+  static void pv_tail(const float* s, int64_t mp, int64_t i, int64_t rest, const float* vf, int64_t dvp,
+                      int64_t c0, float* o) {
+    if constexpr (R > 0) {
+      if (rest == R)
+        pv_block<R, CV>(s, mp, i, vf, dvp, c0, o);
+      else
+        pv_tail<R - 1, CV>(s, mp, i, rest, vf, dvp, c0, o);
+    }
+  }
+
   template <int CV>
   static void pv_rows(const float* s, int64_t mp, int64_t rows, const float* vf, int64_t dvp, int64_t c0,
                       float* o) {
     int64_t i = 0;
     for (; i + kRowBlock <= rows; i += kRowBlock) pv_block<kRowBlock, CV>(s, mp, i, vf, dvp, c0, o);
-    switch (rows - i) {
-      case 5:
-        pv_block<5, CV>(s, mp, i, vf, dvp, c0, o);
-        break;
-      case 4:
-        pv_block<4, CV>(s, mp, i, vf, dvp, c0, o);
-        break;
-      case 3:
-        pv_block<3, CV>(s, mp, i, vf, dvp, c0, o);
-        break;
-      case 2:
-        pv_block<2, CV>(s, mp, i, vf, dvp, c0, o);
-        break;
-      case 1:
-        pv_block<1, CV>(s, mp, i, vf, dvp, c0, o);
-        break;
-      default:
-        break;
-    }
+    pv_tail<kRowBlock - 1, CV>(s, mp, i, rows - i, vf, dvp, c0, o);
   }
 
   static void pv(const float* s, int64_t mp, int64_t rows, const float* vf, int64_t dvp, float* o) {

@@ -1,7 +1,5 @@
 #include "llm/arch/attention_block.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 
