@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/attention.hpp"
 #include "kernels/cpu_features.hpp"
 #include "kernels/packed_weight.hpp"
 #include "xmoe/dtype.hpp"
@@ -68,6 +69,10 @@ struct KernelTable {
   // it). Every variant returns the reference's ids exactly.
   void (*topk_rows_f32)(const float* scores, int64_t rows, int64_t cols, int k, int32_t* ids,
                         int64_t ids_stride) = nullptr;
+
+  // One work item of causal attention over a paged K/V cache (attention.hpp; kernels::attention threads
+  // over the items of a call).
+  AttentionTileFn attention_tile = nullptr;
 
   // Linear layers over a weight in any format (packed_weight.hpp), indexed by WeightFormat: f32 activations,
   // weights decoded in registers. Every entry has a reference version; a level without its own variant

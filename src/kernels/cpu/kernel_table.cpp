@@ -21,6 +21,7 @@ namespace {
   t.axpy_bf16_f32 = ns::axpy_bf16_f32;                    \
   t.dot_bf16_f32 = ns::dot_bf16_f32;                      \
   t.topk_rows_f32 = ns::topk_rows_f32;                    \
+  t.attention_tile = ns::attention_tile;                  \
   t.linear[size_t(WeightFormat::f32)] = ns::linear_f32;   \
   t.linear[size_t(WeightFormat::bf16)] = ns::linear_bf16; \
   t.linear[size_t(WeightFormat::f16)] = ns::linear_f16;

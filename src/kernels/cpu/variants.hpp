@@ -24,7 +24,8 @@
   void axpy_bf16_f32(float a, const bf16* x, float* y, int64_t n);                                    \
   float dot_bf16_f32(const bf16* a, const float* b, int64_t n);                                       \
   void topk_rows_f32(const float* scores, int64_t rows, int64_t cols, int k, int32_t* ids,            \
-                     int64_t ids_stride);
+                     int64_t ids_stride);                                                             \
+  void attention_tile(const AttentionArgs& args, const AttentionItem& item, float* scratch);
 
 // Linear layers over unscaled weight formats (LinearArgs, packed_weight.hpp).
 #define XMOE_DECLARE_LINEAR_FLOAT           \

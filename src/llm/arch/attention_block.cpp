@@ -1,7 +1,5 @@
 #include "llm/arch/attention_block.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 
@@ -98,38 +96,49 @@ void AttentionBlock::forward(const kernels::KernelTable& table, const Rope& rope
   });
 
   float* attn = scratch.attn.ensure(static_cast<size_t>(T * q_width));
-  const float scale = options_.scale > 0 ? options_.scale : 1.0f / std::sqrt(static_cast<float>(D));
-  const AttentionDims dims{Hq,    KV,      static_cast<int>(D),
-                           scale, window_, w_.sinks.empty() ? nullptr : w_.sinks.data()};
+  kernels::AttentionArgs args;
+  args.heads = Hq, args.kv_heads = KV, args.k_dim = args.v_dim = static_cast<int>(D);
+  args.scale = options_.scale > 0 ? options_.scale : 1.0f / std::sqrt(static_cast<float>(D));
+  args.window = window_;
+  args.sinks = w_.sinks.empty() ? nullptr : w_.sinks.data();
+  args.q_ld = qkv_width, args.q_head_stride = D, args.out_ld = q_width, args.out_head_stride = D;
+  args.kv_dtype = cache.dtype();
+  args.block_size = cache.block_size();
+  args.k_pos_stride = args.v_pos_stride = kv_width, args.k_head_stride = args.v_head_stride = D;
+  const int64_t bs = cache.block_size();
   // A full layer writes every new position, then attends (one pass). A sliding layer's ring holds
   // max_append new positions beyond a window, so a long chunk goes in passes of that many tokens.
   const int64_t pass = cache.max_append(layer);
   int64_t longest = 0;
   for (size_t c = 0; c < chunks; ++c) longest = std::max(longest, first[c + 1] - first[c]);
-  std::vector<int64_t> rows;
+  std::vector<kernels::AttentionSequence> seqs;
+  std::vector<const void*> blocks;  // per sequence: its K blocks, then its V blocks, in position order
+  std::vector<std::pair<size_t, size_t>> block_span;  // per sequence: where its blocks start, how many
   for (int64_t off = 0; off < longest; off += pass) {
-    rows.clear();
+    seqs.clear(), blocks.clear(), block_span.clear();
     for (size_t c = 0; c < chunks; ++c) {
       const int64_t n = first[c + 1] - first[c];
       if (off >= n) continue;
-      const int64_t m = std::min(pass, n - off);
+      const int64_t m = std::min(pass, n - off), pos0 = start[c] + off;
       const float* k = qkv + (first[c] + off) * qkv_width + q_width;
-      write_kv(cache, layer, step.seq[c], start[c] + off, m, k, k + kv_width, qkv_width);
-      for (int64_t t = first[c] + off; t < first[c] + off + m; ++t) rows.push_back(t);
+      write_kv(cache, layer, step.seq[c], pos0, m, k, k + kv_width, qkv_width);
+      const int64_t lo = window_ > 0 ? std::max<int64_t>(0, pos0 - window_ + 1) : 0;
+      const int64_t first_block = lo / bs, last_block = (pos0 + m - 1) / bs;
+      block_span.emplace_back(blocks.size(), static_cast<size_t>(last_block - first_block + 1));
+      for (int which = 0; which < 2; ++which)
+        for (int64_t j = first_block; j <= last_block; ++j) {
+          const int32_t b = cache.block_of(step.seq[c], layer, j * bs);
+          blocks.push_back(which == 0 ? cache.key_block(layer, b) : cache.value_block(layer, b));
+        }
+      seqs.push_back({qkv + (first[c] + off) * qkv_width, attn + (first[c] + off) * q_width, m, pos0, nullptr,
+                      nullptr, first_block});
     }
-    const int64_t items = static_cast<int64_t>(rows.size()) * Hq;
-#pragma omp parallel if (items > 1)
-    {
-      std::vector<float> probs;
-#pragma omp for schedule(dynamic, 4)
-      for (int64_t it = 0; it < items; ++it) {
-        const int64_t t = rows[static_cast<size_t>(it / Hq)];
-        const int h = static_cast<int>(it % Hq);
-        const auto c = static_cast<size_t>(chunk_of[static_cast<size_t>(t)]);
-        attend(table, cache, layer, step.seq[c], start[c] + (t - first[c]), h, dims,
-               qkv + t * qkv_width + h * D, attn + t * q_width + h * D, probs);
-      }
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      seqs[i].k_blocks = blocks.data() + block_span[i].first;
+      seqs[i].v_blocks = seqs[i].k_blocks + block_span[i].second;
     }
+    args.seqs = seqs.data(), args.num_seqs = static_cast<int64_t>(seqs.size());
+    kernels::attention(table, args);
   }
   kernels::linear_forward(table, w_.o, attn, T, out);
   if (!w_.o_bias.empty()) add_bias(out, w_.o_bias.data(), T, w_.o.rows, w_.o.rows);
