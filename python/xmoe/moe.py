@@ -5,6 +5,14 @@
 combine, aux loss) through one ``torch.autograd.Function``; tensors cross as DLPack views, without copies.
 CPU tensors in float32, bfloat16 and float64. Custom experts (``experts={'type': 'custom', 'module': cls}``)
 stay Python: the layer then runs its routing in torch ops around the user's module.
+
+Expert parallelism: under ``mpirun -np W`` the layer's experts are split over the W ranks (``xmoe.net``'s MPI
+communicator; ``group=None`` is every rank) as in Tutel: ``count_per_node`` n > 0 gives n·W global experts, n
+per rank; n < 0 gives W/|n| experts, each one's hidden dimension split over |n| ranks. The module's
+parameters are this rank's experts (or expert shards) under Tutel's names and shapes; the gate is replicated.
+Forward and backward (its all-to-alls included) are collective: every rank calls them, with its own tokens.
+Gate gradients are this rank's own; average them over the ranks (``xmoe.net.simple_all_reduce``) as Tutel's
+examples do.
 """
 
 import math
@@ -15,6 +23,7 @@ import torch
 from torch.utils.dlpack import from_dlpack
 
 from . import _xmoe
+from . import net
 
 __all__ = ["moe_layer"]
 
@@ -78,16 +87,20 @@ class _Experts(torch.nn.Module):
     """The built-in experts' parameters: ffn (Tutel's batched_fc*), llama_ffn (Tutel's flat W_fc1..3) or swiglu
     (xmoe's gate_proj/up_proj/down_proj, which the C++ layer reads without a copy)."""
 
-    def __init__(self, expert_type, model_dim, hidden, local_experts, output_dim, has_fc1_bias, has_fc2_bias):
+    def __init__(self, expert_type, model_dim, hidden, local_experts, output_dim, has_fc1_bias, has_fc2_bias,
+                 sharded_count=1):
         super().__init__()
         self.expert_type = expert_type
-        L, M, H, O = local_experts, model_dim, hidden, output_dim
+        # With experts sharded over sc ranks, this rank holds H/sc of the hidden dimension (and O/sc of the fc2
+        # bias), as Tutel's FusedExpertsNetwork.
+        sc = sharded_count
+        L, M, H, O = local_experts, model_dim, hidden // sc, output_dim
         self.shape = (L, M, H, O)
         if expert_type == "ffn":
             self.batched_fc1_w = torch.nn.Parameter(torch.empty(L, H, M))
             self.batched_fc2_w = torch.nn.Parameter(torch.empty(L, H, O))
             self.batched_fc1_bias = torch.nn.Parameter(torch.empty(L, H)) if has_fc1_bias else None
-            self.batched_fc2_bias = torch.nn.Parameter(torch.empty(L, O)) if has_fc2_bias else None
+            self.batched_fc2_bias = torch.nn.Parameter(torch.empty(L, O // sc)) if has_fc2_bias else None
         elif expert_type == "swiglu":
             self.gate_proj = torch.nn.Parameter(torch.empty(L, H, M))
             self.up_proj = torch.nn.Parameter(torch.empty(L, H, M))
@@ -133,8 +146,8 @@ class _Core:
     """One C++ layer (for one gate and one dtype) and the count of its forwards, so that a backward can tell
     whether the layer still holds its forward's state."""
 
-    def __init__(self, config):
-        self.layer = _xmoe.Layer(config)
+    def __init__(self, config, group):
+        self.layer = _xmoe.Layer(config, group)
         self.names = [name for name, _, _ in self.layer.params()]
         self.forwards = 0
 
@@ -201,12 +214,11 @@ class moe_layer(torch.nn.Module):
         if model_dim % 2 != 0:
             raise ValueError(f"moe_layer: model_dim must be even (as Tutel requires), got {model_dim}")
         self.group = group
-        world = 1
-        if group is not None or (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            world = torch.distributed.get_world_size(group) if torch.distributed.is_initialized() else 1
-        if world != 1:
-            raise NotImplementedError("moe_layer: expert parallelism across processes is not available from "
-                                      "Python yet (run `xmoe bench` under mpirun for xmoe's expert parallelism)")
+        # The xmoe communicator the experts are split over (None: this process alone).
+        self._comm = net.resolve_group(group)
+        world = 1 if self._comm is None else self._comm.size
+        if self._comm is not None and world == 1:
+            self._comm = None
 
         experts = dict(experts)
         expert_type = experts.pop("type")
@@ -239,6 +251,12 @@ class moe_layer(torch.nn.Module):
             raise ValueError(f"moe_layer: experts.type '{expert_type}' is not one of ffn, swiglu, llama_ffn, "
                              "custom")
         self.expert_type = expert_type
+        if world > 1 and expert_type == "custom":
+            raise NotImplementedError("moe_layer: custom experts run in Python and have no expert parallelism "
+                                      f"across processes yet ({world} ranks); use ffn or swiglu experts")
+        if self.sharded_count > 1 and expert_type == "llama_ffn":
+            raise NotImplementedError("moe_layer: llama_ffn experts sharded over ranks (count_per_node < -1) are "
+                                      "stored as Tutel's flat shards, which xmoe does not split; use swiglu")
         if expert_type == "custom":
             self._build_custom_experts(experts, seeds)
         else:
@@ -253,7 +271,7 @@ class moe_layer(torch.nn.Module):
             int(torch.randint(0, 2 ** 62, ()).item())
         if expert_type != "custom":
             self.experts = _Experts(expert_type, self.model_dim, self.hidden_size, self.num_local_experts,
-                                    self.output_dim, *self._builtin_expert_options)
+                                    self.output_dim, *self._builtin_expert_options, self.sharded_count)
         self.gates = torch.nn.ModuleList()
         self._gate_seeds = []
         for i, g in enumerate(gates):
@@ -280,6 +298,9 @@ class moe_layer(torch.nn.Module):
             if g:
                 raise ValueError(f"moe_layer: unrecognized gate options {sorted(g)}")
             self.gates.append(_Gate(gtype, self.model_dim, self.num_global_experts, **options))
+        self._expert_seed = seed_experts
+        if self._comm is not None:
+            self._agree_on_seeds(seeds)
         if not self.is_gshard_loss:
             for gate in self.gates:
                 if gate.gate_noise <= 0:
@@ -287,7 +308,6 @@ class moe_layer(torch.nn.Module):
                                      "gate_noise > 0")
         self.register_buffer("_num_global_experts", torch.tensor(self.num_global_experts))
         self._cores = {}
-        self._expert_seed = seed_experts
         self._init_from_xmoe()
         for name, p in self.experts.named_parameters():
             p._tutel_expert = True
@@ -316,6 +336,13 @@ class moe_layer(torch.nn.Module):
             output_dim = self.model_dim
         self.output_dim = output_dim
         self.hidden_size = int(hidden)
+        sc = self.sharded_count
+        if self.hidden_size % sc != 0:
+            raise ValueError(f"moe_layer: experts.hidden_size_per_expert {self.hidden_size} does not split over "
+                             f"the {sc} ranks that share each expert")
+        if expert_type == "ffn" and has_fc2_bias and output_dim % sc != 0:
+            raise ValueError(f"moe_layer: the fc2 bias (output_dim {output_dim}) does not split over the {sc} "
+                             "ranks that share each expert (give has_fc2_bias=False or another output_dim)")
         self._builtin_expert_options = (has_fc1_bias, has_fc2_bias)
 
     def _build_custom_experts(self, experts, seeds):
@@ -348,6 +375,21 @@ class moe_layer(torch.nn.Module):
             return True, 1
         raise ValueError(f"moe_layer: unknown parallel_type '{parallel_type}'")
 
+    def _agree_on_seeds(self, seeds):
+        """The gate is replicated and the experts are slices of one global model: the seeds the C++ layer
+        initialises them from are rank 0's unless Tutel's `seeds` gave them (then each rank keeps its own, as
+        Tutel's per-rank s_local)."""
+        gate_given = seeds is not None and seeds[0] is not None
+        experts_given = seeds is not None and seeds[1] is not None
+        if gate_given and experts_given:
+            return
+        drawn = torch.tensor(self._gate_seeds + [self._expert_seed], dtype=torch.int64)
+        self._comm.broadcast(drawn, 0)
+        if not gate_given:
+            self._gate_seeds = [int(v) for v in drawn[:-1]]
+        if not experts_given:
+            self._expert_seed = int(drawn[-1])
+
     def _config(self, gate_index, dtype):
         gate = self.gates[gate_index]
         custom = self.expert_type == "custom"  # the C++ layer then only draws the gate's initial values
@@ -362,18 +404,29 @@ class moe_layer(torch.nn.Module):
                     dtype=_DTYPES[dtype], is_postscore=self.is_postscore,
                     batch_prioritized_routing=self.batch_prioritized_routing, normalize_gate=self.normalize_gate,
                     is_gshard_loss=self.is_gshard_loss, capacity_alignment=1,
-                    seed_gate=self._gate_seeds[gate_index], seed_experts=self._expert_seed)
+                    seed_gate=self._gate_seeds[gate_index], seed_experts=self._expert_seed,
+                    adaptive_r=self.adaptive_degree, a2a_ffn_overlap_degree=self.a2a_ffn_overlap_degree,
+                    use_2dh=self.use_2dh, local_size=self._local_size())
+
+    @staticmethod
+    def _local_size():
+        """Ranks per node for use_2dh: LOCAL_SIZE (Tutel's variable), else what Open MPI's launcher says; 0
+        lets the C++ layer name the missing variable."""
+        for name in ("LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+            if os.environ.get(name):
+                return int(os.environ[name])
+        return 0
 
     def _core(self, gate_index, dtype):
         key = (gate_index, dtype)
         if key not in self._cores:
-            self._cores[key] = _Core(self._config(gate_index, dtype))
+            self._cores[key] = _Core(self._config(gate_index, dtype), self._comm)
         return self._cores[key]
 
     def _init_from_xmoe(self):
         """Initial values as the C++ layer draws them (its seeds), copied into the torch parameters."""
         for i, gate in enumerate(self.gates):
-            core = _xmoe.Layer(self._config(i, torch.float32))
+            core = _xmoe.Layer(self._config(i, torch.float32), self._comm)
             values = {name: from_dlpack(cap).clone() for name, _, cap in core.params()}
             with torch.no_grad():
                 for name, p in gate.xmoe_params().items():
@@ -392,8 +445,8 @@ class moe_layer(torch.nn.Module):
 
     @staticmethod
     def global_expert_count(num_local_experts, group=None):
-        """E for Tutel's count_per_node n: n·W, or W/|n| when n < 0 (one process here: W = 1)."""
-        world = 1 if group is None else torch.distributed.get_world_size(group)
+        """E for Tutel's count_per_node n: n·W, or W/|n| when n < 0 (W: the group's ranks)."""
+        world = net.get_world_size(group)
         if num_local_experts > 0:
             return num_local_experts * world
         return max(world // -num_local_experts, 1)
