@@ -228,6 +228,34 @@ def torch_distributed_groups(check, world, solo):
     check.cases += 1
 
 
+def helloworld_parallel_types(check, world):
+    """Tutel's test_compare_data_model_parallel on xmoe.examples.helloworld under mpirun: one expert sharded over
+    every rank, parallel_type data (r = 1) and model (r = W) give the same losses; rank 0 prints the lines."""
+    import contextlib
+    import io
+    import re
+    from xmoe.examples import helloworld
+    losses = {}
+    for parallel_type in ("data", "model"):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            helloworld.main(["--batch_size", "1", "--num_tokens", "32", "--model_dim", "16", "--hidden_size", "16",
+                             "--num_local_experts", str(-world.size), "--num_steps", "3", "--dtype", "float64",
+                             "--parallel_type", parallel_type])
+        torch.set_default_dtype(torch.float32)
+        lines = re.findall(r"STEP-\d+: loss = ([-0-9.]+), step_time", out.getvalue())
+        if world.rank == 0 and len(lines) != 3:
+            check.failures += 1
+            print(f"FAIL helloworld --parallel_type {parallel_type}: expected 3 STEP lines on rank 0, got:\n"
+                  f"{out.getvalue()}", flush=True)
+        if world.rank != 0 and out.getvalue():
+            check.failures += 1
+            print(f"[rank {world.rank}] FAIL helloworld printed on a rank other than 0", flush=True)
+        losses[parallel_type] = torch.tensor([float(v) for v in lines], dtype=torch.float64)
+    check.expect("helloworld losses, parallel_type model vs data", losses["model"], losses["data"], 1e-5)
+    check.cases += 1
+
+
 def main():
     world = net.world()
     W, rank = world.size, world.rank
@@ -260,6 +288,7 @@ def main():
             training(check, dict(expert=expert, n=n, k=2, cf=1.0), world, solo, rs)
     replicated_without_seeds(check, world)
     torch_distributed_groups(check, world, solo)
+    helloworld_parallel_types(check, world)
     failures = torch.tensor([check.failures], dtype=torch.int64)
     world.all_reduce(failures, "sum")
     if rank == 0:

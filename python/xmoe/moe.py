@@ -6,13 +6,15 @@ combine, aux loss) through one ``torch.autograd.Function``; tensors cross as DLP
 CPU tensors in float32, bfloat16 and float64. Custom experts (``experts={'type': 'custom', 'module': cls}``)
 stay Python: the layer then runs its routing in torch ops around the user's module.
 
-Expert parallelism: under ``mpirun -np W`` the layer's experts are split over the W ranks (``xmoe.net``'s MPI
-communicator; ``group=None`` is every rank) as in Tutel: ``count_per_node`` n > 0 gives n·W global experts, n
-per rank; n < 0 gives W/|n| experts, each one's hidden dimension split over |n| ranks. The module's
-parameters are this rank's experts (or expert shards) under Tutel's names and shapes; the gate is replicated.
-Forward and backward (its all-to-alls included) are collective: every rank calls them, with its own tokens.
-Gate gradients are this rank's own; average them over the ranks (``xmoe.net.simple_all_reduce``) as Tutel's
-examples do.
+Expert parallelism: under ``mpirun -np W`` the layer's experts are split over the W ranks of ``group``
+(``xmoe.net``'s MPI communicator: None is every rank; or a group from ``xmoe.net.world().split(color, key)``;
+or a torch.distributed group whose ranks are MPI's, mapped by its ranks) as in Tutel: ``count_per_node`` n > 0
+gives n·W global experts, n per rank; n < 0 gives W/|n| experts, each one's hidden dimension split over |n|
+ranks. The module's parameters are this rank's experts (or expert shards) under Tutel's names and shapes; the
+gate is replicated. Forward and backward (its all-to-alls included) are collective: every rank calls them,
+with its own tokens. Gate gradients are this rank's own; average them over the ranks
+(``xmoe.net.simple_all_reduce``) as Tutel's examples do. Custom experts and sharded llama_ffn experts stay
+single-process.
 """
 
 import math
@@ -272,6 +274,9 @@ class moe_layer(torch.nn.Module):
         if expert_type != "custom":
             self.experts = _Experts(expert_type, self.model_dim, self.hidden_size, self.num_local_experts,
                                     self.output_dim, *self._builtin_expert_options, self.sharded_count)
+            if self._activation_with_self is not None:
+                fn = self._activation_with_self
+                self.activation = _activation_name(lambda x: fn(x, self.experts))
         self.gates = torch.nn.ModuleList()
         self._gate_seeds = []
         for i, g in enumerate(gates):
@@ -322,8 +327,14 @@ class moe_layer(torch.nn.Module):
             raise ValueError("moe_layer: experts.hidden_size_per_expert is required")
         output_dim = int(experts.pop("output_dim", self.model_dim) or self.model_dim)
         activation = experts.pop("activation_fn", None)
-        if "activation_fn_with_self" in experts:
-            raise ValueError("moe_layer: experts.activation_fn_with_self is not supported (give activation_fn)")
+        # Tutel's activation_fn_with_self(x, experts_module): probed numerically like activation_fn once the
+        # experts module exists (_resolve_activation_with_self), so it must compute a native activation too.
+        self._activation_with_self = experts.pop("activation_fn_with_self", None)
+        if self._activation_with_self is not None and activation is not None:
+            raise ValueError("moe_layer: experts.activation_fn_with_self and experts.activation_fn are both given; "
+                             "keep exactly one of them (as Tutel requires)")
+        if self._activation_with_self is not None and expert_type != "ffn":
+            raise ValueError(f"moe_layer: experts.activation_fn_with_self applies to ffn experts, not {expert_type}")
         self.activation = _activation_name(activation) if expert_type == "ffn" else "silu"
         if expert_type in ("swiglu", "llama_ffn") and activation is not None and \
                 _activation_name(activation) != "silu":
@@ -489,11 +500,25 @@ class moe_layer(torch.nn.Module):
         if input.device.type != "cpu":
             raise NotImplementedError(f"moe_layer: xmoe runs on CPU tensors only (no CUDA backend yet); input is "
                                       f"on {input.device}")
-        if reserve_dims != 1:
-            raise NotImplementedError("moe_layer: reserve_dims other than 1 is not supported")
-        if input.shape[-1] != self.model_dim:
-            raise ValueError(f"moe_layer: input's last dimension must be model_dim={self.model_dim}, got shape "
-                             f"{tuple(input.shape)}")
+        # Tutel's reserve_dims d: the last d dims of the input are one token's features (their product is
+        # model_dim). Custom experts get them back as [E, C, *those dims] and the output keeps the last d dims
+        # of what they return; built-in experts work on the flattened model_dim rows, and the output keeps the
+        # input's shape (which needs output_dim == model_dim).
+        reserve_dims = int(reserve_dims)
+        if reserve_dims == 1:
+            if input.shape[-1] != self.model_dim:
+                raise ValueError(f"moe_layer: input's last dimension must be model_dim={self.model_dim}, got shape "
+                                 f"{tuple(input.shape)}")
+        else:
+            if not 1 <= reserve_dims < input.dim():
+                raise ValueError(f"moe_layer: reserve_dims {reserve_dims} must be in [1, {input.dim() - 1}] for an "
+                                 f"input of shape {tuple(input.shape)} (at least one token dim stays)")
+            if math.prod(input.shape[-reserve_dims:]) != self.model_dim:
+                raise ValueError(f"moe_layer: the last {reserve_dims} dims of the input {tuple(input.shape)} must "
+                                 f"hold model_dim={self.model_dim} features")
+            if self.expert_type != "custom" and self.output_dim != self.model_dim:
+                raise ValueError(f"moe_layer: reserve_dims {reserve_dims} with built-in experts needs output_dim "
+                                 f"== model_dim (the output takes the input's shape), got {self.output_dim}")
         if not 0 <= gate_index < len(self.gates):
             raise ValueError(f"moe_layer: gate_index {gate_index} out of range [0, {len(self.gates)})")
         if a2a_ffn_overlap_degree is not None:
@@ -502,7 +527,7 @@ class moe_layer(torch.nn.Module):
             self.adaptive_degree = int(adaptive_r)  # sticky, as Tutel's
         gate = self.gates[gate_index]
         if self.expert_type == "custom":
-            return self._forward_custom(input, gate, top_k, capacity_factor)
+            return self._forward_custom(input, gate, top_k, capacity_factor, reserve_dims)
         expert_params = self.experts.xmoe_params()
         dtype = next(iter(expert_params.values())).dtype
         if dtype not in _DTYPES:
@@ -526,14 +551,14 @@ class moe_layer(torch.nn.Module):
         params = [p.to(dtype).contiguous() for _, p in named]
         x = input.reshape(-1, self.model_dim).to(dtype).contiguous()
         y, l_aux = _MoeFunction.apply(core, call, x, *params)
-        y = y.view(list(input.shape[:-1]) + [y.shape[-1]]).to(input.dtype)
+        y = y.view(list(input.shape[:-1]) + [y.shape[-1]] if reserve_dims == 1 else input.shape).to(input.dtype)
         self.l_aux = y.l_aux = l_aux
         if self.result_func is not None:
             return self.result_func(y)
         return y
 
 
-    def _forward_custom(self, input, gate, top_k, capacity_factor):
+    def _forward_custom(self, input, gate, top_k, capacity_factor, reserve_dims):
         """Custom experts stay Python: the layer's semantics (the C++ layer's gate, routing, capacity, dispatch,
         combine and losses) in torch ops, autograd for the backward, the user's module on [L, C, M]."""
         E, M = self.num_global_experts, self.model_dim
@@ -584,8 +609,9 @@ class moe_layer(torch.nn.Module):
             rows = (ids[j] * C + locations[j])[kept[j]]
             src = x[kept[j]] if self.is_postscore else (x[kept[j]].to(acc) * g[j][kept[j]].view(-1, 1)).to(dtype)
             dispatched = dispatched.index_add(0, rows, src)
-        expert_out = self.experts(dispatched.view(E, C, M), self)
-        O = expert_out.shape[-1]
+        expert_out = self.experts(dispatched.view([E, C] + list(input.shape[-reserve_dims:])), self)
+        out_shape = list(expert_out.shape[-reserve_dims:])
+        O = math.prod(expert_out.shape[2:])
         expert_out = expert_out.reshape(E * C, O).to(acc)
         y = torch.zeros(T, O, dtype=acc)
         for j in range(k):
@@ -601,7 +627,7 @@ class moe_layer(torch.nn.Module):
             thr = noisy.gather(1, ids[k - 1].view(-1, 1))
             load = (0.5 * (1 + torch.erf((clean - thr) / (gate.gate_noise / E * math.sqrt(2.0))))).sum(0)
             l_aux = (imp.var() / (imp.mean() ** 2 + 1e-10) + load.var() / (load.mean() ** 2 + 1e-10)) / 2
-        y = y.view(list(input.shape[:-1]) + [O]).to(input.dtype)
+        y = y.view(list(input.shape[:-reserve_dims]) + out_shape).to(input.dtype)
         self.l_aux = y.l_aux = l_aux.to(torch.float64 if dtype == torch.float64 else torch.float32)
         return y if self.result_func is None else self.result_func(y)
 
