@@ -64,6 +64,17 @@ nb::object borrowed_capsule(const DLTensor& t) {
   return capsule_of(m);
 }
 
+// Runs a C ABI call without the GIL (it may wait in a collective for other ranks), then raises its error.
+template <class F>
+void check_without_gil(F&& call) {
+  int rc;
+  {
+    nb::gil_scoped_release release;
+    rc = call();
+  }
+  check(rc);
+}
+
 // A communicator (xmoe_comm): the world of an MPI session or a group split from it.
 class Comm {
  public:
@@ -77,34 +88,19 @@ class Comm {
   std::string name() const { return xmoe_comm_name(comm_); }
   Comm* split(int color, int key) {
     xmoe_comm* out = nullptr;
-    check(xmoe_comm_split(comm_, color, key, &out));
+    check_without_gil([&] { return xmoe_comm_split(comm_, color, key, &out); });
     return new Comm(out);
   }
   void all_reduce(nb::ndarray<> data, const std::string& op) {
     View v(data);
-    int rc;
-    {
-      nb::gil_scoped_release release;
-      rc = xmoe_comm_all_reduce(comm_, &v.t, op.c_str());
-    }
-    check(rc);
+    check_without_gil([&] { return xmoe_comm_all_reduce(comm_, &v.t, op.c_str()); });
   }
   void broadcast(nb::ndarray<> data, int root) {
     View v(data);
-    int rc;
-    {
-      nb::gil_scoped_release release;
-      rc = xmoe_comm_broadcast(comm_, &v.t, root);
-    }
-    check(rc);
+    check_without_gil([&] { return xmoe_comm_broadcast(comm_, &v.t, root); });
   }
   void barrier() {
-    int rc;
-    {
-      nb::gil_scoped_release release;
-      rc = xmoe_comm_barrier(comm_);
-    }
-    check(rc);
+    check_without_gil([&] { return xmoe_comm_barrier(comm_); });
   }
   xmoe_comm* get() const { return comm_; }
 
@@ -123,7 +119,7 @@ class MpiSession {
   Comm* world() {
     if (!session_) throw nb::value_error("MPI session: already closed (MPI was finalized)");
     xmoe_comm* out = nullptr;
-    check(xmoe_mpi_session_world(session_, &out));
+    check_without_gil([&] { return xmoe_mpi_session_world(session_, &out); });
     return new Comm(out);
   }
   void close() {
@@ -181,12 +177,8 @@ class Layer {
     c.a2a_overlap_degree = nb::cast<int32_t>(cfg["a2a_ffn_overlap_degree"]);
     c.use_2dh = nb::cast<bool>(cfg["use_2dh"]);
     c.local_size = nb::cast<int32_t>(cfg["local_size"]);
-    int rc;
-    {
-      nb::gil_scoped_release release;  // collective over the group: other threads may run meanwhile
-      rc = xmoe_layer_create_in_group(&c, group ? group->get() : nullptr, &layer_);
-    }
-    check(rc);
+    check_without_gil(
+        [&] { return xmoe_layer_create_in_group(&c, group ? group->get() : nullptr, &layer_); });
   }
   ~Layer() { xmoe_layer_destroy(layer_); }
   Layer(const Layer&) = delete;
