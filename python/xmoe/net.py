@@ -13,7 +13,8 @@ message naming the collective.
 
 import atexit
 import os
-import sys
+
+import torch
 
 from . import _xmoe
 
@@ -63,7 +64,7 @@ def world():
 
 def _torch_group_ranks(group):
     """The world ranks of a torch.distributed group, or None when this torch cannot tell them."""
-    import torch.distributed as dist
+    dist = torch.distributed
     if hasattr(dist, "get_process_group_ranks"):
         return list(dist.get_process_group_ranks(group))
     table = getattr(dist.distributed_c10d, "_pg_group_ranks", None)  # torch < 2.0
@@ -75,8 +76,8 @@ def _torch_group_ranks(group):
 def _refuse_torch_only_world():
     """A job that torch.distributed sees as several processes but no MPI launcher started (torchrun): Tutel
     would split the experts over torch's world, which xmoe cannot reach; say so instead of running alone."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         raise RuntimeError(f"moe_layer: torch.distributed has {dist.get_world_size()} processes, but xmoe's expert "
                            "parallelism runs over MPI: launch the job with mpirun (torch.distributed may still be "
                            "used alongside)")
@@ -96,12 +97,8 @@ def resolve_group(group):
         return None
     if isinstance(group, _xmoe.Comm):
         return group
-    try:
-        import torch.distributed as dist
-        is_torch_group = dist.is_available() and isinstance(group, dist.ProcessGroup)
-    except ImportError:
-        is_torch_group = False
-    if not is_torch_group:
+    dist = torch.distributed
+    if not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
         raise TypeError(f"moe_layer: group must be None, an xmoe.net group or a torch.distributed group, got "
                         f"{type(group).__name__}")
     w = world() if launched_world_size() > 1 else None
@@ -137,7 +134,7 @@ def simple_all_reduce(input, group=None, op="sum"):
     g = resolve_group(group)
     if g is None or g.size == 1:
         return output
-    if output.dtype.is_floating_point and output.dtype not in (_torch().float32, _torch().float64):
+    if output.dtype.is_floating_point and output.dtype not in (torch.float32, torch.float64):
         reduced = output.float()
         g.all_reduce(reduced, op)
         return reduced.to(output.dtype)
@@ -150,7 +147,3 @@ def barrier(group=None):
     if g is not None:
         g.barrier()
 
-
-def _torch():
-    import torch
-    return torch
