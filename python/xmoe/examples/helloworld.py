@@ -86,7 +86,7 @@ def main(argv=None):
             local_count = sum(torch.numel(p) for _, p in self._moe_layer.get_parameter_iterator("local_experts"))
             shared_count = sum(torch.numel(p) for _, p in self._moe_layer.get_parameter_iterator("gate"))
             dist_print("[Statistics] param count for MoE local_experts = %s, param count for MoE gate = %s.\n" %
-                  (local_count, shared_count))
+                       (local_count, shared_count))
 
         def forward(self, input):
             result = self._moe_layer(input, megablocks_size=args.megablocks_size)
@@ -105,9 +105,9 @@ def main(argv=None):
     y = torch.LongTensor(batch_size).random_(1)
 
     dist_print("[Benchmark] world_size = %s, dtype = %s, model_dim = %s, hidden_size = %s, samples = %s, "
-          "num_local_experts = %s, topK = %s, a2a_ffn_overlap_degree = %s, device = `%s`" %
-          (dist_world_size, args.dtype, model_dim, hidden_size, batch_size * num_tokens, num_local_experts,
-           top_value, args.a2a_ffn_overlap_degree, device))
+               "num_local_experts = %s, topK = %s, a2a_ffn_overlap_degree = %s, device = `%s`" %
+               (dist_world_size, args.dtype, model_dim, hidden_size, batch_size * num_tokens, num_local_experts,
+                top_value, args.a2a_ffn_overlap_degree, device))
 
     average_time, num_steps = 0, args.num_steps
     num_global_experts = tutel_moe.moe_layer.global_expert_count(num_local_experts)
@@ -134,7 +134,7 @@ def main(argv=None):
         tflops = (batch_size * num_tokens * model_dim * hidden_size) * 4 * mm_ceof * cap_ceof * 1e-12 / \
             (t_stop - t_start)
         dist_print("STEP-%s: loss = %.5f, step_time = %.6f sec, perf = %.2f tflops." %
-              (i, float(loss.data), t_stop - t_start, tflops))
+                   (i, float(loss.data), t_stop - t_start, tflops))
         if i + 10 >= num_steps:
             average_time += t_stop - t_start
     average_time /= 10
