@@ -6,7 +6,8 @@ step time after the warm-up step, and prints the medians over rounds and their r
 loaded machine the two programs' step times drift apart by more than the overhead; so it also runs
 helloworld's step in this process with the C++ layer's forward/backward calls timed, and prints the share of
 the step spent outside them (the Python layer, autograd, the head and torch.optim), which is what Python
-adds over `xmoe bench` (whose step is the same C++ calls plus a C++ head and SGD).
+adds over `xmoe bench` (whose step is the same C++ calls plus a C++ head and SGD), and the same share for the
+layer's forward and backward alone (no head, no optimizer).
 
   OMP_WAIT_POLICY=passive python3 tools/bench_python_layer.py --xmoe build/xmoe --rounds 3 -- --batch_size 4
 """
@@ -89,7 +90,20 @@ def python_share(flags, steps):
         if i > 0:
             totals.append(total)
             shares.append((total - clock[0]) / total)
-    return statistics.median(totals), statistics.median(shares)
+    # The layer alone (forward, then backward from a fixed dy; no head, no optimizer): what the Python layer
+    # adds over calling xmoe's C++ layer directly.
+    dy = torch.randn(a.batch_size, a.num_tokens, a.model_dim)
+    layer_totals, layer_shares = [], []
+    for i in range(steps):
+        clock[0] = 0.0
+        t = time.perf_counter()
+        layer(x).backward(dy)
+        total = time.perf_counter() - t
+        if i > 0:
+            layer_totals.append(total)
+            layer_shares.append((total - clock[0]) / total)
+    return (statistics.median(totals), statistics.median(shares), statistics.median(layer_totals),
+            statistics.median(layer_shares))
 
 
 def main():
@@ -116,9 +130,11 @@ def main():
     print(f"shape: {' '.join(args.flags) or 'helloworld defaults'}; load average {os.getloadavg()[0]:.2f}")
     print(f"median step: xmoe bench {mc:.4f} s, python helloworld {mp:.4f} s; ratio python/C++ "
           f"{mp / mc:.4f} (median of per-round ratios {statistics.median(ratios):.4f})")
-    step, share = python_share(args.flags, args.num_steps)
+    step, share, layer_step, layer_share = python_share(args.flags, args.num_steps)
     print(f"in process: median step {step:.4f} s, of which {100 * share:.2f} % outside xmoe's C++ forward/backward "
           f"(Python layer, autograd, head, torch.optim)")
+    print(f"in process, the layer alone: median forward+backward {layer_step:.4f} s, of which {100 * layer_share:.2f} "
+          f"% outside xmoe's C++ forward/backward (the Python layer's overhead over calling the C++ directly)")
 
 
 if __name__ == "__main__":

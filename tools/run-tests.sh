@@ -22,6 +22,11 @@ debian_python=/usr/bin/python3
 "$debian_python" -m venv --system-site-packages build/venv-torch
 CMAKE_GENERATOR="Unix Makefiles" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" build/venv-torch/bin/pip install -q --disable-pip-version-check .
 XMOE_CLI="$PWD/build/xmoe" build/venv-torch/bin/python -m pytest python/tests -q -p no:cacheprovider
+# Expert parallelism from Python: two ranks against the single-process layer, with the MPI tests' Open MPI
+# settings (tests/mpi/CMakeLists.txt: containers, more ranks than cores, a short collective timeout).
+OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1 XMOE_COMM_TIMEOUT_S=60 \
+  OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -np 2 \
+  build/venv-torch/bin/python python/tests/mpi_expert_parallel.py
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXMOE_SANITIZE=ON >/dev/null
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define XMOE_C_API_VERSION 1
+#define XMOE_C_API_VERSION 2
 
 int32_t xmoe_c_api_version(void);
 /* The message of the last failed call on this thread ("" if none). */
@@ -48,12 +48,23 @@ typedef struct xmoe_layer_config {
   int64_t capacity_alignment;
   uint64_t seed_gate, seed_experts;
   const char* isa; /* kernel level cap; NULL or "" = the best this CPU runs */
+  /* Expert parallelism (layers created in a group of more than one rank; see xmoe_layer_create_in_group) */
+  int32_t adaptive_r;         /* the default r: 1 expert parallel, 0 data parallel, a divisor of the shards */
+  int32_t a2a_overlap_degree; /* the default overlap degree D (capacity chunks whose all-to-all overlaps) */
+  int32_t use_2dh;            /* hierarchical (intra-node, then inter-node) all-to-all */
+  int32_t local_size;         /* ranks per node for use_2dh; 0 = the LOCAL_SIZE environment variable */
 } xmoe_layer_config;
 
 /* MoeConfig's defaults (top gate k=2, ffn relu with biases, float32, ...); model_dim, num_experts and
  * hidden_size still need setting. */
 void xmoe_layer_config_init(xmoe_layer_config* config);
 int xmoe_layer_create(const xmoe_layer_config* config, xmoe_layer** out);
+typedef struct xmoe_comm xmoe_comm;
+/* A layer whose experts are split over `group` (NULL or a group of one rank: the single-process layer): E =
+ * num_experts global experts, E / W held by each rank, or, when W is a multiple of E, each expert's hidden
+ * dimension split over W / E ranks. Collective over the group; forward and backward are then collective too
+ * (every rank calls them, with its own tokens). The layer keeps the group alive. */
+int xmoe_layer_create_in_group(const xmoe_layer_config* config, xmoe_comm* group, xmoe_layer** out);
 void xmoe_layer_destroy(xmoe_layer* layer);
 
 int64_t xmoe_layer_num_params(const xmoe_layer* layer);
@@ -92,6 +103,35 @@ int xmoe_layer_backward(xmoe_layer* layer, const DLTensor* dy, double daux, DLMa
 /* Fills a float32/float64/bfloat16 tensor with N(0,1) draws of xmoe's counter-based generator: element i gets
  * draw i of stream `stream` under `seed` (what `xmoe bench --seed S` feeds rank `stream`). */
 int xmoe_fill_normal(uint64_t seed, uint64_t stream, DLTensor* out);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Communicators for expert parallelism (include/xmoe/communicator.hpp, xmoe/mpi.hpp)
+ *
+ * MPI is initialised by at most one session per process: MPI_Init_thread(MPI_THREAD_FUNNELED), so every
+ * collective must come from the thread that created the session. If MPI was already initialised (mpi4py),
+ * the session adopts it and leaves finalising to its owner. Destroying the session calls MPI_Finalize; the
+ * communicators and layers still alive then stay safe to destroy (they no longer touch MPI) but not to use.
+ * Every collective waits at most XMOE_COMM_TIMEOUT_S seconds (default 300), then ends the job naming the
+ * collective.
+ * ------------------------------------------------------------------------------------------------------- */
+typedef struct xmoe_mpi_session xmoe_mpi_session;
+
+int32_t xmoe_mpi_available(void); /* 1 when xmoe was built with MPI */
+int xmoe_mpi_session_create(xmoe_mpi_session** out);
+void xmoe_mpi_session_destroy(xmoe_mpi_session* session);
+/* Every process of the job (a duplicate of MPI_COMM_WORLD). Collective over MPI_COMM_WORLD. */
+int xmoe_mpi_session_world(xmoe_mpi_session* session, xmoe_comm** out);
+
+int32_t xmoe_comm_rank(const xmoe_comm* comm);
+int32_t xmoe_comm_size(const xmoe_comm* comm);
+const char* xmoe_comm_name(const xmoe_comm* comm);
+/* Ranks with the same color (>= 0) form a group, ordered by key (then by rank). Collective over `comm`. */
+int xmoe_comm_split(xmoe_comm* comm, int32_t color, int32_t key, xmoe_comm** out);
+void xmoe_comm_destroy(xmoe_comm* comm);
+/* In place over a contiguous CPU tensor: op "sum" | "max" | "min"; float32, float64, int32 or int64. */
+int xmoe_comm_all_reduce(xmoe_comm* comm, DLTensor* data, const char* op);
+int xmoe_comm_broadcast(xmoe_comm* comm, DLTensor* data, int32_t root);
+int xmoe_comm_barrier(xmoe_comm* comm);
 
 /* ---------------------------------------------------------------------------------------------------------
  * The generation engine (`xmoe generate`)

@@ -64,9 +64,76 @@ nb::object borrowed_capsule(const DLTensor& t) {
   return capsule_of(m);
 }
 
+// Runs a C ABI call without the GIL (it may wait in a collective for other ranks), then raises its error.
+template <class F>
+void check_without_gil(F&& call) {
+  int rc;
+  {
+    nb::gil_scoped_release release;
+    rc = call();
+  }
+  check(rc);
+}
+
+// A communicator (xmoe_comm): the world of an MPI session or a group split from it.
+class Comm {
+ public:
+  explicit Comm(xmoe_comm* c) : comm_(c) {}
+  ~Comm() { xmoe_comm_destroy(comm_); }
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  int rank() const { return xmoe_comm_rank(comm_); }
+  int size() const { return xmoe_comm_size(comm_); }
+  std::string name() const { return xmoe_comm_name(comm_); }
+  Comm* split(int color, int key) {
+    xmoe_comm* out = nullptr;
+    check_without_gil([&] { return xmoe_comm_split(comm_, color, key, &out); });
+    return new Comm(out);
+  }
+  void all_reduce(nb::ndarray<> data, const std::string& op) {
+    View v(data);
+    check_without_gil([&] { return xmoe_comm_all_reduce(comm_, &v.t, op.c_str()); });
+  }
+  void broadcast(nb::ndarray<> data, int root) {
+    View v(data);
+    check_without_gil([&] { return xmoe_comm_broadcast(comm_, &v.t, root); });
+  }
+  void barrier() {
+    check_without_gil([&] { return xmoe_comm_barrier(comm_); });
+  }
+  xmoe_comm* get() const { return comm_; }
+
+ private:
+  xmoe_comm* comm_;
+};
+
+// The process's MPI session (MPI_Init_thread on creation, MPI_Finalize on close()).
+class MpiSession {
+ public:
+  MpiSession() { check(xmoe_mpi_session_create(&session_)); }
+  ~MpiSession() { close(); }
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+
+  Comm* world() {
+    if (!session_) throw nb::value_error("MPI session: already closed (MPI was finalized)");
+    xmoe_comm* out = nullptr;
+    check_without_gil([&] { return xmoe_mpi_session_world(session_, &out); });
+    return new Comm(out);
+  }
+  void close() {
+    if (session_) xmoe_mpi_session_destroy(session_);
+    session_ = nullptr;
+  }
+
+ private:
+  xmoe_mpi_session* session_ = nullptr;
+};
+
 class Layer {
  public:
-  explicit Layer(const nb::dict& cfg) {
+  Layer(const nb::dict& cfg, const Comm* group) {
     xmoe_layer_config c;
     xmoe_layer_config_init(&c);
     // Strings must outlive the create call.
@@ -106,7 +173,12 @@ class Layer {
     c.seed_gate = nb::cast<uint64_t>(cfg["seed_gate"]);
     c.seed_experts = nb::cast<uint64_t>(cfg["seed_experts"]);
     c.isa = isa.c_str();
-    check(xmoe_layer_create(&c, &layer_));
+    c.adaptive_r = nb::cast<int32_t>(cfg["adaptive_r"]);
+    c.a2a_overlap_degree = nb::cast<int32_t>(cfg["a2a_ffn_overlap_degree"]);
+    c.use_2dh = nb::cast<bool>(cfg["use_2dh"]);
+    c.local_size = nb::cast<int32_t>(cfg["local_size"]);
+    check_without_gil(
+        [&] { return xmoe_layer_create_in_group(&c, group ? group->get() : nullptr, &layer_); });
   }
   ~Layer() { xmoe_layer_destroy(layer_); }
   Layer(const Layer&) = delete;
@@ -245,8 +317,21 @@ NB_MODULE(_xmoe, m) {
   // Layers held by autograd graphs alive at interpreter exit are not leaks worth a warning.
   nb::set_leak_warnings(false);
   m.attr("c_api_version") = xmoe_c_api_version();
+  m.attr("mpi_available") = xmoe_mpi_available() != 0;
+  nb::class_<Comm>(m, "Comm")
+      .def_prop_ro("rank", &Comm::rank)
+      .def_prop_ro("size", &Comm::size)
+      .def_prop_ro("name", &Comm::name)
+      .def("split", &Comm::split, nb::arg("color"), nb::arg("key"), nb::rv_policy::take_ownership)
+      .def("all_reduce", &Comm::all_reduce, nb::arg("data"), nb::arg("op"))
+      .def("broadcast", &Comm::broadcast, nb::arg("data"), nb::arg("root"))
+      .def("barrier", &Comm::barrier);
+  nb::class_<MpiSession>(m, "MpiSession")
+      .def(nb::init<>())
+      .def("world", &MpiSession::world, nb::rv_policy::take_ownership)
+      .def("close", &MpiSession::close);
   nb::class_<Layer>(m, "Layer")
-      .def(nb::init<const nb::dict&>())
+      .def(nb::init<const nb::dict&, const Comm*>(), nb::arg("config"), nb::arg("group").none() = nb::none())
       .def("params", &Layer::params)
       .def("bind", &Layer::bind, nb::arg("index"), nb::arg("value").none(), nb::arg("grad").none())
       .def("forward", &Layer::forward, nb::arg("x"), nb::arg("top_k"), nb::arg("capacity_factor").none(),

@@ -243,3 +243,79 @@ def test_custom_experts_stay_python_and_equal_the_builtin_ffn(gate, k, cf, bpr, 
     grads = dict(builtin.named_parameters())
     for name, p in custom.named_parameters():
         assert torch.allclose(p.grad, grads[name].grad, rtol=1e-9, atol=1e-11), name
+
+
+class PerRowFFN(torch.nn.Module):
+    """A custom expert on tokens of A rows of D features (reserve_dims=2): one ffn applied to every row."""
+
+    def __init__(self, model_dim, num_experts_per_device, sharded_count, hidden_size, row_dim):
+        super().__init__()
+        L, D = num_experts_per_device, row_dim
+        self.w1 = torch.nn.Parameter(torch.randn(L, D, hidden_size, dtype=torch.float64) * 0.3)
+        self.w2 = torch.nn.Parameter(torch.randn(L, hidden_size, D, dtype=torch.float64) * 0.3)
+
+    def forward(self, x, ctx):  # x [E, C, A, D]
+        return torch.einsum("ecah,ehd->ecad", torch.relu(torch.einsum("ecad,edh->ecah", x, self.w1)), self.w2)
+
+
+class FlatPerRowFFN(PerRowFFN):
+    """The same expert on the flattened [E, C, A·D] rows (reserve_dims=1)."""
+
+    def forward(self, x, ctx):
+        E, C, M = x.shape
+        return super().forward(x.view(E, C, -1, self.w1.shape[1]), ctx).reshape(E, C, M)
+
+
+def test_reserve_dims_keep_token_dims_for_custom_and_builtin_experts():
+    # Tutel's reserve_dims: the last d dims are one token; custom experts see them as [E, C, *dims] and the
+    # output keeps the last d dims of theirs; built-in experts run on the flattened rows, output shaped as x.
+    A, D, E = 3, 4, 4
+    options = dict(gate_type={"type": "top", "k": 2, "capacity_factor": 1.0}, model_dim=A * D, seeds=(1, 2, 3))
+    x = torch.randn(5, 6, A, D, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    grouped = tutel_moe.moe_layer(experts={"type": "custom", "module": PerRowFFN, "count_per_node": E,
+                                           "hidden_size": 5, "row_dim": D}, **options).double()
+    flat = tutel_moe.moe_layer(experts={"type": "custom", "module": FlatPerRowFFN, "count_per_node": E,
+                                        "hidden_size": 5, "row_dim": D}, **options).double()
+    flat.load_state_dict(grouped.state_dict())
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    ya = grouped(xa, reserve_dims=2)
+    yb = flat(xb.reshape(5, 6, A * D))
+    assert ya.shape == (5, 6, A, D)
+    assert torch.allclose(ya, yb.view(5, 6, A, D), rtol=1e-12, atol=1e-14)
+    ya.square().sum().backward()
+    yb.square().sum().backward()
+    assert torch.allclose(xa.grad, xb.grad, rtol=1e-12, atol=1e-14)
+
+    builtin = tutel_moe.moe_layer(experts={"type": "swiglu", "count_per_node": E, "hidden_size_per_expert": 6},
+                                  **options).double()
+    y2 = builtin(x, reserve_dims=2)
+    assert y2.shape == x.shape
+    assert torch.equal(y2, builtin(x.reshape(5, 6, A * D)).view(x.shape))
+    with pytest.raises(ValueError, match="reserve_dims 4"):
+        builtin(x, reserve_dims=4)
+    with pytest.raises(ValueError, match="model_dim=12"):
+        builtin(x.reshape(5, 3, 2, A * D), reserve_dims=2)
+
+
+def test_activation_fn_with_self_is_probed_like_activation_fn():
+    options = dict(gate_type={"type": "top", "k": 2}, model_dim=8, seeds=(1, 2, 3))
+    seen = []
+
+    def gelu_with_self(x, experts):
+        seen.append(experts)
+        return torch.nn.functional.gelu(x)
+
+    with_self = tutel_moe.moe_layer(experts={"type": "ffn", "count_per_node": 2, "hidden_size_per_expert": 6,
+                                             "activation_fn_with_self": gelu_with_self}, **options)
+    plain = tutel_moe.moe_layer(experts={"type": "ffn", "count_per_node": 2, "hidden_size_per_expert": 6,
+                                         "activation_fn": torch.nn.functional.gelu}, **options)
+    assert seen and seen[0] is with_self.experts
+    x = torch.randn(10, 8)
+    assert torch.equal(with_self(x), plain(x))
+    with pytest.raises(ValueError, match="relu, gelu"):
+        tutel_moe.moe_layer(experts={"type": "ffn", "count_per_node": 2, "hidden_size_per_expert": 6,
+                                     "activation_fn_with_self": lambda x, self: torch.tanh(x)}, **options)
+    with pytest.raises(ValueError, match="exactly one"):
+        tutel_moe.moe_layer(experts={"type": "ffn", "count_per_node": 2, "hidden_size_per_expert": 6,
+                                     "activation_fn": torch.relu,
+                                     "activation_fn_with_self": lambda x, self: torch.relu(x)}, **options)

@@ -5,6 +5,16 @@
 combine, aux loss) through one ``torch.autograd.Function``; tensors cross as DLPack views, without copies.
 CPU tensors in float32, bfloat16 and float64. Custom experts (``experts={'type': 'custom', 'module': cls}``)
 stay Python: the layer then runs its routing in torch ops around the user's module.
+
+Expert parallelism: under ``mpirun -np W`` the layer's experts are split over the W ranks of ``group``
+(``xmoe.net``'s MPI communicator: None is every rank; or a group from ``xmoe.net.world().split(color, key)``;
+or a torch.distributed group whose ranks are MPI's, mapped by its ranks) as in Tutel: ``count_per_node`` n > 0
+gives n·W global experts, n per rank; n < 0 gives W/|n| experts, each one's hidden dimension split over |n|
+ranks. The module's parameters are this rank's experts (or expert shards) under Tutel's names and shapes; the
+gate is replicated. Forward and backward (its all-to-alls included) are collective: every rank calls them,
+with its own tokens. Gate gradients are this rank's own; average them over the ranks
+(``xmoe.net.simple_all_reduce``) as Tutel's examples do. Custom experts and sharded llama_ffn experts stay
+single-process.
 """
 
 import math
@@ -15,6 +25,7 @@ import torch
 from torch.utils.dlpack import from_dlpack
 
 from . import _xmoe
+from . import net
 
 __all__ = ["moe_layer"]
 
@@ -78,16 +89,20 @@ class _Experts(torch.nn.Module):
     """The built-in experts' parameters: ffn (Tutel's batched_fc*), llama_ffn (Tutel's flat W_fc1..3) or swiglu
     (xmoe's gate_proj/up_proj/down_proj, which the C++ layer reads without a copy)."""
 
-    def __init__(self, expert_type, model_dim, hidden, local_experts, output_dim, has_fc1_bias, has_fc2_bias):
+    def __init__(self, expert_type, model_dim, hidden, local_experts, output_dim, has_fc1_bias, has_fc2_bias,
+                 sharded_count=1):
         super().__init__()
         self.expert_type = expert_type
-        L, M, H, O = local_experts, model_dim, hidden, output_dim
+        # With experts sharded over sc ranks, this rank holds H/sc of the hidden dimension (and O/sc of the fc2
+        # bias), as Tutel's FusedExpertsNetwork.
+        sc = sharded_count
+        L, M, H, O = local_experts, model_dim, hidden // sc, output_dim
         self.shape = (L, M, H, O)
         if expert_type == "ffn":
             self.batched_fc1_w = torch.nn.Parameter(torch.empty(L, H, M))
             self.batched_fc2_w = torch.nn.Parameter(torch.empty(L, H, O))
             self.batched_fc1_bias = torch.nn.Parameter(torch.empty(L, H)) if has_fc1_bias else None
-            self.batched_fc2_bias = torch.nn.Parameter(torch.empty(L, O)) if has_fc2_bias else None
+            self.batched_fc2_bias = torch.nn.Parameter(torch.empty(L, O // sc)) if has_fc2_bias else None
         elif expert_type == "swiglu":
             self.gate_proj = torch.nn.Parameter(torch.empty(L, H, M))
             self.up_proj = torch.nn.Parameter(torch.empty(L, H, M))
@@ -133,8 +148,8 @@ class _Core:
     """One C++ layer (for one gate and one dtype) and the count of its forwards, so that a backward can tell
     whether the layer still holds its forward's state."""
 
-    def __init__(self, config):
-        self.layer = _xmoe.Layer(config)
+    def __init__(self, config, group):
+        self.layer = _xmoe.Layer(config, group)
         self.names = [name for name, _, _ in self.layer.params()]
         self.forwards = 0
 
@@ -201,12 +216,11 @@ class moe_layer(torch.nn.Module):
         if model_dim % 2 != 0:
             raise ValueError(f"moe_layer: model_dim must be even (as Tutel requires), got {model_dim}")
         self.group = group
-        world = 1
-        if group is not None or (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            world = torch.distributed.get_world_size(group) if torch.distributed.is_initialized() else 1
-        if world != 1:
-            raise NotImplementedError("moe_layer: expert parallelism across processes is not available from "
-                                      "Python yet (run `xmoe bench` under mpirun for xmoe's expert parallelism)")
+        # The xmoe communicator the experts are split over (None: this process alone).
+        self._comm = net.resolve_group(group)
+        world = 1 if self._comm is None else self._comm.size
+        if self._comm is not None and world == 1:
+            self._comm = None
 
         experts = dict(experts)
         expert_type = experts.pop("type")
@@ -239,6 +253,12 @@ class moe_layer(torch.nn.Module):
             raise ValueError(f"moe_layer: experts.type '{expert_type}' is not one of ffn, swiglu, llama_ffn, "
                              "custom")
         self.expert_type = expert_type
+        if world > 1 and expert_type == "custom":
+            raise NotImplementedError("moe_layer: custom experts run in Python and have no expert parallelism "
+                                      f"across processes yet ({world} ranks); use ffn or swiglu experts")
+        if self.sharded_count > 1 and expert_type == "llama_ffn":
+            raise NotImplementedError("moe_layer: llama_ffn experts sharded over ranks (count_per_node < -1) are "
+                                      "stored as Tutel's flat shards, which xmoe does not split; use swiglu")
         if expert_type == "custom":
             self._build_custom_experts(experts, seeds)
         else:
@@ -253,7 +273,10 @@ class moe_layer(torch.nn.Module):
             int(torch.randint(0, 2 ** 62, ()).item())
         if expert_type != "custom":
             self.experts = _Experts(expert_type, self.model_dim, self.hidden_size, self.num_local_experts,
-                                    self.output_dim, *self._builtin_expert_options)
+                                    self.output_dim, *self._builtin_expert_options, self.sharded_count)
+            if self._activation_with_self is not None:
+                fn = self._activation_with_self
+                self.activation = _activation_name(lambda x: fn(x, self.experts))
         self.gates = torch.nn.ModuleList()
         self._gate_seeds = []
         for i, g in enumerate(gates):
@@ -280,6 +303,9 @@ class moe_layer(torch.nn.Module):
             if g:
                 raise ValueError(f"moe_layer: unrecognized gate options {sorted(g)}")
             self.gates.append(_Gate(gtype, self.model_dim, self.num_global_experts, **options))
+        self._expert_seed = seed_experts
+        if self._comm is not None:
+            self._agree_on_seeds(seeds)
         if not self.is_gshard_loss:
             for gate in self.gates:
                 if gate.gate_noise <= 0:
@@ -287,7 +313,6 @@ class moe_layer(torch.nn.Module):
                                      "gate_noise > 0")
         self.register_buffer("_num_global_experts", torch.tensor(self.num_global_experts))
         self._cores = {}
-        self._expert_seed = seed_experts
         self._init_from_xmoe()
         for name, p in self.experts.named_parameters():
             p._tutel_expert = True
@@ -302,8 +327,14 @@ class moe_layer(torch.nn.Module):
             raise ValueError("moe_layer: experts.hidden_size_per_expert is required")
         output_dim = int(experts.pop("output_dim", self.model_dim) or self.model_dim)
         activation = experts.pop("activation_fn", None)
-        if "activation_fn_with_self" in experts:
-            raise ValueError("moe_layer: experts.activation_fn_with_self is not supported (give activation_fn)")
+        # Tutel's activation_fn_with_self(x, experts_module): probed numerically like activation_fn once the
+        # experts module exists (_resolve_activation_with_self), so it must compute a native activation too.
+        self._activation_with_self = experts.pop("activation_fn_with_self", None)
+        if self._activation_with_self is not None and activation is not None:
+            raise ValueError("moe_layer: experts.activation_fn_with_self and experts.activation_fn are both given; "
+                             "keep exactly one of them (as Tutel requires)")
+        if self._activation_with_self is not None and expert_type != "ffn":
+            raise ValueError(f"moe_layer: experts.activation_fn_with_self applies to ffn experts, not {expert_type}")
         self.activation = _activation_name(activation) if expert_type == "ffn" else "silu"
         if expert_type in ("swiglu", "llama_ffn") and activation is not None and \
                 _activation_name(activation) != "silu":
@@ -316,6 +347,13 @@ class moe_layer(torch.nn.Module):
             output_dim = self.model_dim
         self.output_dim = output_dim
         self.hidden_size = int(hidden)
+        sc = self.sharded_count
+        if self.hidden_size % sc != 0:
+            raise ValueError(f"moe_layer: experts.hidden_size_per_expert {self.hidden_size} does not split over "
+                             f"the {sc} ranks that share each expert")
+        if expert_type == "ffn" and has_fc2_bias and output_dim % sc != 0:
+            raise ValueError(f"moe_layer: the fc2 bias (output_dim {output_dim}) does not split over the {sc} "
+                             "ranks that share each expert (give has_fc2_bias=False or another output_dim)")
         self._builtin_expert_options = (has_fc1_bias, has_fc2_bias)
 
     def _build_custom_experts(self, experts, seeds):
@@ -348,6 +386,21 @@ class moe_layer(torch.nn.Module):
             return True, 1
         raise ValueError(f"moe_layer: unknown parallel_type '{parallel_type}'")
 
+    def _agree_on_seeds(self, seeds):
+        """The gate is replicated and the experts are slices of one global model: the seeds the C++ layer
+        initialises them from are rank 0's unless Tutel's `seeds` gave them (then each rank keeps its own, as
+        Tutel's per-rank s_local)."""
+        gate_given = seeds is not None and seeds[0] is not None
+        experts_given = seeds is not None and seeds[1] is not None
+        if gate_given and experts_given:
+            return
+        drawn = torch.tensor(self._gate_seeds + [self._expert_seed], dtype=torch.int64)
+        self._comm.broadcast(drawn, 0)
+        if not gate_given:
+            self._gate_seeds = [int(v) for v in drawn[:-1]]
+        if not experts_given:
+            self._expert_seed = int(drawn[-1])
+
     def _config(self, gate_index, dtype):
         gate = self.gates[gate_index]
         custom = self.expert_type == "custom"  # the C++ layer then only draws the gate's initial values
@@ -362,18 +415,29 @@ class moe_layer(torch.nn.Module):
                     dtype=_DTYPES[dtype], is_postscore=self.is_postscore,
                     batch_prioritized_routing=self.batch_prioritized_routing, normalize_gate=self.normalize_gate,
                     is_gshard_loss=self.is_gshard_loss, capacity_alignment=1,
-                    seed_gate=self._gate_seeds[gate_index], seed_experts=self._expert_seed)
+                    seed_gate=self._gate_seeds[gate_index], seed_experts=self._expert_seed,
+                    adaptive_r=self.adaptive_degree, a2a_ffn_overlap_degree=self.a2a_ffn_overlap_degree,
+                    use_2dh=self.use_2dh, local_size=self._local_size())
+
+    @staticmethod
+    def _local_size():
+        """Ranks per node for use_2dh: LOCAL_SIZE (Tutel's variable), else what Open MPI's launcher says; 0
+        lets the C++ layer name the missing variable."""
+        for name in ("LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+            if os.environ.get(name):
+                return int(os.environ[name])
+        return 0
 
     def _core(self, gate_index, dtype):
         key = (gate_index, dtype)
         if key not in self._cores:
-            self._cores[key] = _Core(self._config(gate_index, dtype))
+            self._cores[key] = _Core(self._config(gate_index, dtype), self._comm)
         return self._cores[key]
 
     def _init_from_xmoe(self):
         """Initial values as the C++ layer draws them (its seeds), copied into the torch parameters."""
         for i, gate in enumerate(self.gates):
-            core = _xmoe.Layer(self._config(i, torch.float32))
+            core = _xmoe.Layer(self._config(i, torch.float32), self._comm)
             values = {name: from_dlpack(cap).clone() for name, _, cap in core.params()}
             with torch.no_grad():
                 for name, p in gate.xmoe_params().items():
@@ -392,8 +456,8 @@ class moe_layer(torch.nn.Module):
 
     @staticmethod
     def global_expert_count(num_local_experts, group=None):
-        """E for Tutel's count_per_node n: n·W, or W/|n| when n < 0 (one process here: W = 1)."""
-        world = 1 if group is None else torch.distributed.get_world_size(group)
+        """E for Tutel's count_per_node n: n·W, or W/|n| when n < 0 (W: the group's ranks)."""
+        world = net.get_world_size(group)
         if num_local_experts > 0:
             return num_local_experts * world
         return max(world // -num_local_experts, 1)
@@ -436,11 +500,25 @@ class moe_layer(torch.nn.Module):
         if input.device.type != "cpu":
             raise NotImplementedError(f"moe_layer: xmoe runs on CPU tensors only (no CUDA backend yet); input is "
                                       f"on {input.device}")
-        if reserve_dims != 1:
-            raise NotImplementedError("moe_layer: reserve_dims other than 1 is not supported")
-        if input.shape[-1] != self.model_dim:
-            raise ValueError(f"moe_layer: input's last dimension must be model_dim={self.model_dim}, got shape "
-                             f"{tuple(input.shape)}")
+        # Tutel's reserve_dims d: the last d dims of the input are one token's features (their product is
+        # model_dim). Custom experts get them back as [E, C, *those dims] and the output keeps the last d dims
+        # of what they return; built-in experts work on the flattened model_dim rows, and the output keeps the
+        # input's shape (which needs output_dim == model_dim).
+        reserve_dims = int(reserve_dims)
+        if reserve_dims == 1:
+            if input.shape[-1] != self.model_dim:
+                raise ValueError(f"moe_layer: input's last dimension must be model_dim={self.model_dim}, got shape "
+                                 f"{tuple(input.shape)}")
+        else:
+            if not 1 <= reserve_dims < input.dim():
+                raise ValueError(f"moe_layer: reserve_dims {reserve_dims} must be in [1, {input.dim() - 1}] for an "
+                                 f"input of shape {tuple(input.shape)} (at least one token dim stays)")
+            if math.prod(input.shape[-reserve_dims:]) != self.model_dim:
+                raise ValueError(f"moe_layer: the last {reserve_dims} dims of the input {tuple(input.shape)} must "
+                                 f"hold model_dim={self.model_dim} features")
+            if self.expert_type != "custom" and self.output_dim != self.model_dim:
+                raise ValueError(f"moe_layer: reserve_dims {reserve_dims} with built-in experts needs output_dim "
+                                 f"== model_dim (the output takes the input's shape), got {self.output_dim}")
         if not 0 <= gate_index < len(self.gates):
             raise ValueError(f"moe_layer: gate_index {gate_index} out of range [0, {len(self.gates)})")
         if a2a_ffn_overlap_degree is not None:
@@ -449,7 +527,7 @@ class moe_layer(torch.nn.Module):
             self.adaptive_degree = int(adaptive_r)  # sticky, as Tutel's
         gate = self.gates[gate_index]
         if self.expert_type == "custom":
-            return self._forward_custom(input, gate, top_k, capacity_factor)
+            return self._forward_custom(input, gate, top_k, capacity_factor, reserve_dims)
         expert_params = self.experts.xmoe_params()
         dtype = next(iter(expert_params.values())).dtype
         if dtype not in _DTYPES:
@@ -473,14 +551,14 @@ class moe_layer(torch.nn.Module):
         params = [p.to(dtype).contiguous() for _, p in named]
         x = input.reshape(-1, self.model_dim).to(dtype).contiguous()
         y, l_aux = _MoeFunction.apply(core, call, x, *params)
-        y = y.view(list(input.shape[:-1]) + [y.shape[-1]]).to(input.dtype)
+        y = y.view(list(input.shape[:-1]) + [y.shape[-1]] if reserve_dims == 1 else input.shape).to(input.dtype)
         self.l_aux = y.l_aux = l_aux
         if self.result_func is not None:
             return self.result_func(y)
         return y
 
 
-    def _forward_custom(self, input, gate, top_k, capacity_factor):
+    def _forward_custom(self, input, gate, top_k, capacity_factor, reserve_dims):
         """Custom experts stay Python: the layer's semantics (the C++ layer's gate, routing, capacity, dispatch,
         combine and losses) in torch ops, autograd for the backward, the user's module on [L, C, M]."""
         E, M = self.num_global_experts, self.model_dim
@@ -531,8 +609,9 @@ class moe_layer(torch.nn.Module):
             rows = (ids[j] * C + locations[j])[kept[j]]
             src = x[kept[j]] if self.is_postscore else (x[kept[j]].to(acc) * g[j][kept[j]].view(-1, 1)).to(dtype)
             dispatched = dispatched.index_add(0, rows, src)
-        expert_out = self.experts(dispatched.view(E, C, M), self)
-        O = expert_out.shape[-1]
+        expert_out = self.experts(dispatched.view([E, C] + list(input.shape[-reserve_dims:])), self)
+        out_shape = list(expert_out.shape[-reserve_dims:])
+        O = math.prod(expert_out.shape[2:])
         expert_out = expert_out.reshape(E * C, O).to(acc)
         y = torch.zeros(T, O, dtype=acc)
         for j in range(k):
@@ -548,7 +627,7 @@ class moe_layer(torch.nn.Module):
             thr = noisy.gather(1, ids[k - 1].view(-1, 1))
             load = (0.5 * (1 + torch.erf((clean - thr) / (gate.gate_noise / E * math.sqrt(2.0))))).sum(0)
             l_aux = (imp.var() / (imp.mean() ** 2 + 1e-10) + load.var() / (load.mean() ** 2 + 1e-10)) / 2
-        y = y.view(list(input.shape[:-1]) + [O]).to(input.dtype)
+        y = y.view(list(input.shape[:-reserve_dims]) + out_shape).to(input.dtype)
         self.l_aux = y.l_aux = l_aux.to(torch.float64 if dtype == torch.float64 else torch.float32)
         return y if self.result_func is None else self.result_func(y)
 

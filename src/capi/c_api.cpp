@@ -11,10 +11,26 @@
 #include "llm/engine.hpp"
 #include "llm/model_bundle.hpp"
 #include "util/random.hpp"
+#include "xmoe/communicator.hpp"
 #include "xmoe/moe_layer.hpp"
+#ifdef XMOE_HAVE_MPI
+#include "xmoe/mpi.hpp"
+#endif
 
 struct xmoe_layer {
   xmoe::MoeLayer layer;
+};
+
+struct xmoe_comm {
+  explicit xmoe_comm(std::shared_ptr<xmoe::Communicator> c) : comm(std::move(c)), name(comm->name()) {}
+  std::shared_ptr<xmoe::Communicator> comm;
+  std::string name;
+};
+
+struct xmoe_mpi_session {
+#ifdef XMOE_HAVE_MPI
+  xmoe::MpiSession session;
+#endif
 };
 
 struct xmoe_llm {
@@ -88,6 +104,48 @@ Tensor view_of(const DLTensor* t, const char* what) {
   }
   XMOE_CHECK(t->data != nullptr || shape.numel() == 0, what, ": null data");
   return Tensor::wrap(static_cast<char*>(t->data) + t->byte_offset, shape, dtype, nullptr);
+}
+
+// A contiguous CPU DLTensor as (data, element count, element type), for the communicator's collectives.
+struct RawBuffer {
+  void* data = nullptr;
+  size_t count = 0;
+  xmoe::ElementType type = xmoe::ElementType::u8;
+};
+
+RawBuffer raw_buffer_of(const DLTensor* t, const char* what) {
+  XMOE_CHECK(t != nullptr, what, ": missing tensor");
+  XMOE_CHECK(t->device.device_type == kDLCPU, what,
+             ": only CPU tensors are supported, got DLPack device type ",
+             static_cast<int>(t->device.device_type));
+  RawBuffer b;
+  const DLDataType d = t->dtype;
+  XMOE_CHECK(d.lanes == 1, what, ": vector dtypes are not supported");
+  if (d.code == kDLFloat && d.bits == 32)
+    b.type = xmoe::ElementType::f32;
+  else if (d.code == kDLFloat && d.bits == 64)
+    b.type = xmoe::ElementType::f64;
+  else if (d.code == kDLBfloat && d.bits == 16)
+    b.type = xmoe::ElementType::bf16;
+  else if (d.code == kDLInt && d.bits == 32)
+    b.type = xmoe::ElementType::i32;
+  else if (d.code == kDLInt && d.bits == 64)
+    b.type = xmoe::ElementType::i64;
+  else if ((d.code == kDLUInt || d.code == kDLInt) && d.bits == 8)
+    b.type = xmoe::ElementType::u8;
+  else
+    throw Error(std::string(what) + ": dtype (code " + std::to_string(d.code) + ", " +
+                std::to_string(d.bits) + " bits) is not float32, float64, bfloat16, int32, int64 or 8-bit");
+  int64_t n = 1;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    XMOE_CHECK(!t->strides || t->shape[i] == 1 || t->strides[i] == n, what,
+               ": must be contiguous (row-major)");
+    n *= t->shape[i];
+  }
+  XMOE_CHECK(t->data != nullptr || n == 0, what, ": null data");
+  b.data = static_cast<char*>(t->data) + t->byte_offset;
+  b.count = static_cast<size_t>(n);
+  return b;
 }
 
 // A DLManagedTensor that owns a Tensor (its storage stays alive until the consumer calls the deleter).
@@ -168,9 +226,17 @@ void xmoe_layer_config_init(xmoe_layer_config* c) {
   c->seed_gate = d.seed_gate;
   c->seed_experts = d.seed_experts;
   c->isa = nullptr;
+  c->adaptive_r = d.adaptive_r;
+  c->a2a_overlap_degree = d.a2a_overlap_degree;
+  c->use_2dh = d.use_2dh;
+  c->local_size = d.local_size;
 }
 
 int xmoe_layer_create(const xmoe_layer_config* c, xmoe_layer** out) {
+  return xmoe_layer_create_in_group(c, nullptr, out);
+}
+
+int xmoe_layer_create_in_group(const xmoe_layer_config* c, xmoe_comm* group, xmoe_layer** out) {
   return guarded([&] {
     XMOE_CHECK(c && out, "xmoe_layer_create: null argument");
     xmoe::MoeConfig m;
@@ -200,7 +266,13 @@ int xmoe_layer_create(const xmoe_layer_config* c, xmoe_layer** out) {
     m.seed_gate = c->seed_gate;
     m.seed_experts = c->seed_experts;
     m.isa = c->isa ? c->isa : "";
-    *out = new xmoe_layer{xmoe::MoeLayer(m)};
+    m.adaptive_r = c->adaptive_r;
+    m.a2a_overlap_degree = c->a2a_overlap_degree;
+    m.use_2dh = c->use_2dh != 0;
+    m.local_size = c->local_size;
+    XMOE_CHECK(m.a2a_overlap_degree >= 1, "a2a_overlap_degree: must be >= 1, got ", m.a2a_overlap_degree);
+    XMOE_CHECK(m.local_size >= 0, "local_size: must be >= 0 (0 = LOCAL_SIZE), got ", m.local_size);
+    *out = new xmoe_layer{xmoe::MoeLayer(m, group ? group->comm : nullptr)};
   });
 }
 
@@ -292,6 +364,98 @@ int xmoe_fill_normal(uint64_t seed, uint64_t stream, DLTensor* out) {
     const xmoe::CounterRng rng(seed, stream);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < t.numel(); ++i) t.set(i, rng.normal(static_cast<uint64_t>(i)));
+  });
+}
+
+int32_t xmoe_mpi_available(void) {
+#ifdef XMOE_HAVE_MPI
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+int xmoe_mpi_session_create(xmoe_mpi_session** out) {
+  return guarded([&] {
+    XMOE_CHECK(out, "xmoe_mpi_session_create: null argument");
+#ifdef XMOE_HAVE_MPI
+    *out = new xmoe_mpi_session{};
+#else
+    throw Error(
+        "MPI: this xmoe was built without MPI (install Open MPI, e.g. Debian's libopenmpi-dev, and rebuild)");
+#endif
+  });
+}
+
+void xmoe_mpi_session_destroy(xmoe_mpi_session* session) {
+  delete session;
+}
+
+int xmoe_mpi_session_world(xmoe_mpi_session* session, xmoe_comm** out) {
+  return guarded([&] {
+    XMOE_CHECK(session && out, "xmoe_mpi_session_world: null argument");
+#ifdef XMOE_HAVE_MPI
+    *out = new xmoe_comm(session->session.world());
+#else
+    throw Error("MPI: this xmoe was built without MPI");
+#endif
+  });
+}
+
+int32_t xmoe_comm_rank(const xmoe_comm* comm) {
+  return comm->comm->rank();
+}
+
+int32_t xmoe_comm_size(const xmoe_comm* comm) {
+  return comm->comm->size();
+}
+
+const char* xmoe_comm_name(const xmoe_comm* comm) {
+  return comm->name.c_str();
+}
+
+int xmoe_comm_split(xmoe_comm* comm, int32_t color, int32_t key, xmoe_comm** out) {
+  return guarded([&] {
+    XMOE_CHECK(comm && out, "xmoe_comm_split: null argument");
+    XMOE_CHECK(color >= 0, "color: must be >= 0, got ", color);
+    *out = new xmoe_comm(comm->comm->split(color, key));
+  });
+}
+
+void xmoe_comm_destroy(xmoe_comm* comm) {
+  delete comm;
+}
+
+int xmoe_comm_all_reduce(xmoe_comm* comm, DLTensor* data, const char* op) {
+  return guarded([&] {
+    XMOE_CHECK(comm && op, "xmoe_comm_all_reduce: null argument");
+    const RawBuffer b = raw_buffer_of(data, "all_reduce");
+    const std::string name = op;
+    xmoe::ReduceOp r = xmoe::ReduceOp::sum;
+    if (name == "max")
+      r = xmoe::ReduceOp::max;
+    else if (name == "min")
+      r = xmoe::ReduceOp::min;
+    else
+      XMOE_CHECK(name == "sum", "op: expected sum, max or min, got '", name, "'");
+    comm->comm->all_reduce(b.data, b.data, b.count, b.type, r);
+  });
+}
+
+int xmoe_comm_broadcast(xmoe_comm* comm, DLTensor* data, int32_t root) {
+  return guarded([&] {
+    XMOE_CHECK(comm, "xmoe_comm_broadcast: null argument");
+    XMOE_CHECK(root >= 0 && root < comm->comm->size(), "root: ", root, " is not a rank of group '",
+               comm->comm->name(), "' (size ", comm->comm->size(), ")");
+    const RawBuffer b = raw_buffer_of(data, "broadcast");
+    comm->comm->broadcast(b.data, b.count, b.type, root);
+  });
+}
+
+int xmoe_comm_barrier(xmoe_comm* comm) {
+  return guarded([&] {
+    XMOE_CHECK(comm, "xmoe_comm_barrier: null argument");
+    comm->comm->barrier();
   });
 }
 

@@ -130,4 +130,28 @@ TEST(CApi, LayerEqualsTheCppLayerThroughCallerMemory) {
   EXPECT_NE(std::string(xmoe_last_error()).find("gate.type"), std::string::npos) << xmoe_last_error();
 }
 
+// The expert-parallel fields start at MoeConfig's defaults; without a group (or with a bad overlap degree)
+// the layer is the single-process one (or refused naming the field). The communicator functions are exercised
+// under mpirun by python/tests/mpi_expert_parallel.py.
+TEST(CApi, ExpertParallelFieldsDefaultToTheCppLayersAndNoGroupIsOneProcess) {
+  xmoe_layer_config c;
+  xmoe_layer_config_init(&c);
+  const xmoe::MoeConfig m;
+  EXPECT_EQ(c.adaptive_r, m.adaptive_r);
+  EXPECT_EQ(c.a2a_overlap_degree, m.a2a_overlap_degree);
+  EXPECT_EQ(c.use_2dh != 0, m.use_2dh);
+  EXPECT_EQ(c.local_size, m.local_size);
+  c.model_dim = 8;
+  c.num_experts = 4;
+  c.hidden_size = 6;
+  xmoe_layer* layer = nullptr;
+  ASSERT_EQ(xmoe_layer_create_in_group(&c, nullptr, &layer), 0) << xmoe_last_error();
+  EXPECT_EQ(xmoe_layer_output_dim(layer), 8);
+  xmoe_layer_destroy(layer);
+  c.a2a_overlap_degree = 0;
+  EXPECT_NE(xmoe_layer_create_in_group(&c, nullptr, &layer), 0);
+  EXPECT_NE(std::string(xmoe_last_error()).find("a2a_overlap_degree"), std::string::npos)
+      << xmoe_last_error();
+}
+
 }  // namespace

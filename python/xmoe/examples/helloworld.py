@@ -2,8 +2,13 @@
 
 x = randn [batch_size, num_tokens, model_dim] (seed 0); out = log_softmax(sum over model_dim of moe(x)) over
 tokens; NLL against label 0; SGD. Prints Tutel's lines: [Statistics], [Benchmark], one `STEP-i: loss = ...,
-step_time = ... sec, perf = ... tflops.` per step and the [Summary] average over the last 10 steps. One
-process, CPU; --num_steps defaults to 5 (as `xmoe bench`), Tutel's 100 take long on a CPU.
+step_time = ... sec, perf = ... tflops.` per step and the [Summary] average over the last 10 steps. CPU;
+--num_steps defaults to 5 (as `xmoe bench`), Tutel's 100 take long on a CPU.
+
+Under `mpirun -np W python -m xmoe.examples.helloworld` the experts are split over the W ranks
+(--num_local_experts per rank, or a negative count to shard each expert over that many ranks); rank 0 prints
+the lines, as Tutel's dist_print; the gate's gradients are averaged over the ranks before each step
+(--allreduce_degree -1 skips it), as Tutel's example.
 """
 
 import argparse
@@ -14,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from xmoe import moe as tutel_moe
+from xmoe import net
 
 
 def main(argv=None):
@@ -49,7 +55,12 @@ def main(argv=None):
     if args.dtype not in dtypes:
         raise SystemExit(f"--dtype {args.dtype}: xmoe runs float32, bfloat16 and float64")
     torch.set_default_dtype(dtypes[args.dtype])
-    dist_rank, dist_world_size = 0, 1
+    dist_world_size = net.launched_world_size()
+    dist_rank = net.world().rank if dist_world_size > 1 else 0
+
+    def dist_print(*values):
+        if dist_rank == 0:
+            print(*values, flush=True)
     batch_size, num_tokens, model_dim = args.batch_size, args.num_tokens, args.model_dim
     hidden_size, num_local_experts, top_value = args.hidden_size, args.num_local_experts, args.top
     device = torch.device("cpu")
@@ -74,15 +85,15 @@ def main(argv=None):
             )
             local_count = sum(torch.numel(p) for _, p in self._moe_layer.get_parameter_iterator("local_experts"))
             shared_count = sum(torch.numel(p) for _, p in self._moe_layer.get_parameter_iterator("gate"))
-            print("[Statistics] param count for MoE local_experts = %s, param count for MoE gate = %s.\n" %
-                  (local_count, shared_count))
+            dist_print("[Statistics] param count for MoE local_experts = %s, param count for MoE gate = %s.\n" %
+                       (local_count, shared_count))
 
         def forward(self, input):
             result = self._moe_layer(input, megablocks_size=args.megablocks_size)
             return F.log_softmax(torch.sum(result, dim=2), dim=1)
 
     model = ExampleModel().to(device)
-    print(model)
+    dist_print(model)
     if args.checkpoint_path:
         path = args.checkpoint_path.replace("{rank}", str(dist_rank)).replace("{size}", str(dist_world_size))
         if os.path.exists(path):
@@ -93,10 +104,10 @@ def main(argv=None):
     x = torch.randn([batch_size, num_tokens, model_dim], dtype=torch.float32).to(torch.get_default_dtype())
     y = torch.LongTensor(batch_size).random_(1)
 
-    print("[Benchmark] world_size = %s, dtype = %s, model_dim = %s, hidden_size = %s, samples = %s, "
-          "num_local_experts = %s, topK = %s, a2a_ffn_overlap_degree = %s, device = `%s`" %
-          (dist_world_size, args.dtype, model_dim, hidden_size, batch_size * num_tokens, num_local_experts,
-           top_value, args.a2a_ffn_overlap_degree, device))
+    dist_print("[Benchmark] world_size = %s, dtype = %s, model_dim = %s, hidden_size = %s, samples = %s, "
+               "num_local_experts = %s, topK = %s, a2a_ffn_overlap_degree = %s, device = `%s`" %
+               (dist_world_size, args.dtype, model_dim, hidden_size, batch_size * num_tokens, num_local_experts,
+                top_value, args.a2a_ffn_overlap_degree, device))
 
     average_time, num_steps = 0, args.num_steps
     num_global_experts = tutel_moe.moe_layer.global_expert_count(num_local_experts)
@@ -109,6 +120,10 @@ def main(argv=None):
             if args.l_aux_wt:
                 loss += args.l_aux_wt * model._moe_layer.l_aux
             loss.backward()
+            if dist_world_size > 1 and args.allreduce_degree != -1:
+                for p in model.parameters():
+                    if not hasattr(p, "skip_allreduce"):
+                        p.grad = net.simple_all_reduce(p.grad / dist_world_size)
             optimizer.step()
         else:
             with torch.no_grad():
@@ -118,12 +133,12 @@ def main(argv=None):
         mm_ceof, cap_ceof = 1 if args.eval else 3, min(args.top, num_global_experts)
         tflops = (batch_size * num_tokens * model_dim * hidden_size) * 4 * mm_ceof * cap_ceof * 1e-12 / \
             (t_stop - t_start)
-        print("STEP-%s: loss = %.5f, step_time = %.6f sec, perf = %.2f tflops." %
-              (i, float(loss.data), t_stop - t_start, tflops), flush=True)
+        dist_print("STEP-%s: loss = %.5f, step_time = %.6f sec, perf = %.2f tflops." %
+                   (i, float(loss.data), t_stop - t_start, tflops))
         if i + 10 >= num_steps:
             average_time += t_stop - t_start
     average_time /= 10
-    print("\n[Summary] Average synchronized step_time = %s sec." % average_time)
+    dist_print("\n[Summary] Average synchronized step_time = %s sec." % average_time)
     if args.checkpoint_path:
         torch.save(model.state_dict(), path)
 
