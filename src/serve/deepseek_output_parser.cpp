@@ -35,7 +35,7 @@ class DeepseekV3ToolCallBody final : public ToolCallBodyParser {
       return;
     }
     head_ += text;
-    const size_t sep = head_.find(kSep);
+    const size_t sep = sep_search_.find(head_, kSep, 0);
     if (sep == std::string::npos) return;
     std::string name = trimmed(std::string_view(head_).substr(0, sep));
     std::string_view rest = std::string_view(head_).substr(sep + kSep.size());
@@ -70,6 +70,7 @@ class DeepseekV3ToolCallBody final : public ToolCallBodyParser {
  private:
   static constexpr std::string_view kSep = "<｜tool▁sep｜>";
   std::string head_;
+  MarkerSearch sep_search_;
   std::optional<JsonArgumentsStream> args_;
 };
 
@@ -82,7 +83,7 @@ class DeepseekV32ToolCallBody final : public ToolCallBodyParser {
   void push(std::string_view text, int index, std::vector<OutputEvent>& out) override {
     body_ += text;
     if (!begun_) {
-      const size_t close = body_.find("\">");
+      const size_t close = name_search_.find(body_, "\">", 0);
       if (close == std::string::npos) return;
       name_ = body_.substr(0, close);
       pos_ = close + 2;
@@ -91,7 +92,7 @@ class DeepseekV32ToolCallBody final : public ToolCallBodyParser {
     }
     for (;;) {
       if (!in_value_) {
-        const size_t open = body_.find(kParamOpen, pos_);
+        const size_t open = open_search_.find(body_, kParamOpen, pos_);
         if (open == std::string::npos) return;
         const size_t close = body_.find('>', open);
         if (close == std::string::npos) return;
@@ -101,7 +102,7 @@ class DeepseekV32ToolCallBody final : public ToolCallBodyParser {
         pos_ = close + 1;
         in_value_ = true;
       }
-      const size_t end = body_.find(kParamClose, pos_);
+      const size_t end = close_search_.find(body_, kParamClose, pos_);
       if (end == std::string::npos) return;
       emit_param(body_.substr(pos_, end - pos_), index, out);
       pos_ = end + kParamClose.size();
@@ -143,6 +144,7 @@ class DeepseekV32ToolCallBody final : public ToolCallBodyParser {
   std::string body_, name_, param_, string_attr_;
   size_t pos_ = 0;
   bool begun_ = false, in_value_ = false;
+  MarkerSearch name_search_, open_search_, close_search_;
   ArgumentObjectWriter object_;
 };
 

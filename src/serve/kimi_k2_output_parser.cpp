@@ -36,7 +36,7 @@ class KimiK2ToolCallBody final : public ToolCallBodyParser {
       return;
     }
     head_ += text;
-    const size_t sep = head_.find(kArgumentBegin);
+    const size_t sep = sep_search_.find(head_, kArgumentBegin, 0);
     if (sep == std::string::npos) return;
     const std::string name = name_of_call_id(std::string_view(head_).substr(0, sep));
     if (name.empty()) return;
@@ -51,6 +51,7 @@ class KimiK2ToolCallBody final : public ToolCallBodyParser {
  private:
   static constexpr std::string_view kArgumentBegin = "<|tool_call_argument_begin|>";
   std::string head_;
+  MarkerSearch sep_search_;
   std::optional<JsonArgumentsStream> args_;
 };
 

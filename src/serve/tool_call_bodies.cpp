@@ -1,5 +1,7 @@
 #include "serve/tool_call_bodies.hpp"
 
+#include <algorithm>
+
 #include "serve/tagged_output_parser.hpp"
 
 namespace xmoe::serve {
@@ -16,6 +18,12 @@ bool is_space(char c) {
 
 std::string dump_json(const ojson& j) {
   return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
+
+size_t MarkerSearch::find(const std::string& text, std::string_view marker, size_t from) {
+  const size_t at = text.find(marker, std::max(from, resume_));
+  resume_ = at != std::string::npos || text.size() < marker.size() ? 0 : text.size() - marker.size() + 1;
+  return at;
 }
 
 void emit_tool_call_begin(const std::string& name, int index, std::vector<OutputEvent>& out) {

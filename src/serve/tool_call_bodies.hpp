@@ -40,6 +40,18 @@ class ArgumentObjectWriter {
   int count_ = 0;
 };
 
+// Finds a marker in a body that grows push by push without searching the same bytes again each time (a call's
+// long value would otherwise cost time quadratic in its length). One per place a body looks for a marker.
+class MarkerSearch {
+ public:
+  // text.find(marker, from), resuming where the last unsuccessful search for it stopped (less the bytes a
+  // marker split across pushes may already have).
+  size_t find(const std::string& text, std::string_view marker, size_t from);
+
+ private:
+  size_t resume_ = 0;
+};
+
 void emit_tool_call_begin(const std::string& name, int index, std::vector<OutputEvent>& out);
 
 // The schema of `tool`'s parameter `param` among the offered tools, or null.
