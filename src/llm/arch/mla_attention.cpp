@@ -36,7 +36,7 @@ void scatter_rope(const float* in, int heads, int dim, float* x, int64_t stride)
   for (int h = 0; h < heads; ++h) std::copy(in + h * dim, in + (h + 1) * dim, x + h * stride);
 }
 
-// In place softmax of s[0, n); returns nothing, s holds the probabilities.
+// s[0, n) replaced by its softmax (max-subtracted, f32).
 void softmax(float* s, int64_t n) {
   float m = -INFINITY;
   for (int64_t i = 0; i < n; ++i) m = std::max(m, s[i]);
