@@ -49,11 +49,13 @@ void check(bool ok, const char* what) {
   }
 }
 
-void check_round_trip(const xmoe::Tokenizer& t, std::string_view text) {
+// exact: the pattern matches every character (Kimi's does; tiktoken drops text a pattern leaves unmatched).
+void check_round_trip(const xmoe::Tokenizer& t, std::string_view text, bool exact) {
   const std::vector<int32_t> ids = t.encode(text);
   for (const int32_t id : ids)
     check(id >= 0 && id < t.vocab_size(), "encode gave an id outside the vocabulary");
-  check(t.decode(ids) == td::to_valid_utf8(text), "decode(encode(text)) is not the text");
+  const std::string decoded = t.decode(ids);
+  check(!exact || decoded == td::to_valid_utf8(text), "decode(encode(text)) is not the text");
 }
 
 }  // namespace
@@ -67,13 +69,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const xmoe::Tokenizer t =
           data[0] == 0 ? xmoe::Tokenizer::from_tiktoken(rest, "tiktoken.model", f.config_text, "config")
                        : xmoe::Tokenizer::from_tiktoken(f.model_text, "tiktoken.model", rest, "config");
-      check_round_trip(t, "Hello, world! 你好 <|im_end|> [EOS] 123 \xF0\x9F\x9A\x80\n\n  x");
+      check_round_trip(t, "Hello, world! 你好 <|im_end|> [EOS] 123 \xF0\x9F\x9A\x80\n\n  x", data[0] == 0);
     } catch (const xmoe::Error&) {
     }
     return 0;
   }
 
-  check_round_trip(f.tokenizer, rest);
+  check_round_trip(f.tokenizer, rest, true);
   const std::string valid = td::to_valid_utf8(rest);
   for (std::string_view piece : f.detail.split(valid)) {
     if (piece.size() > 512) continue;  // the reference loop is quadratic
