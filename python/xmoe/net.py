@@ -29,6 +29,7 @@ class _Process:
     """The process-wide MPI session and world communicator (MPI can be initialised once per process)."""
     session = None
     world = None
+    torch_groups = {}  # torch.distributed group -> the xmoe group split for it (a split is collective)
 
 
 def launched_world_size():
@@ -46,6 +47,7 @@ def launched_world_size():
 def _finalize():
     if _Process.session is not None:
         _Process.world = None
+        _Process.torch_groups.clear()
         _Process.session.close()  # MPI_Finalize; layers still alive stay safe to destroy
         _Process.session = None
 
@@ -115,7 +117,9 @@ def resolve_group(group):
                          "xmoe.net group)")
     if len(ranks) == w.size:
         return w
-    return w.split(min(ranks), ranks.index(w.rank))
+    if group not in _Process.torch_groups:
+        _Process.torch_groups[group] = w.split(min(ranks), ranks.index(w.rank))
+    return _Process.torch_groups[group]
 
 
 def get_world_size(group=None):
