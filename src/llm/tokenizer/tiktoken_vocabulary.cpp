@@ -1,7 +1,6 @@
 #include "llm/tokenizer/tiktoken_vocabulary.hpp"
 
 #include <algorithm>
-#include <array>
 #include <functional>
 #include <limits>
 #include <queue>
