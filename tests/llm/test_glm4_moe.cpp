@@ -166,8 +166,7 @@ TEST(Glm4Moe, ChunkedPrefillGivesTheSameLogits) {
 
 // xmoe quantize --to fp8-block turns the BF16 model into GLM's FP8 layout: the same tensors with the same
 // dtypes and shapes as the fixture written with transformers' Fp8Quantize (router, norms, correction bias,
-// embeddings and lm_head kept), its scales equal to Fp8Quantize's within an ulp (amax / 448 computed as a
-// product or a quotient) and its codes equal or one FP8 step apart (a value on a rounding boundary).
+// embeddings and lm_head kept), its scales and codes equal to Fp8Quantize's bit for bit.
 TEST(Glm4Moe, QuantizeWritesGlmsFp8Layout) {
   TempDir tmp;
   const auto r =
@@ -176,33 +175,18 @@ TEST(Glm4Moe, QuantizeWritesGlmsFp8Layout) {
   const auto ours = SafetensorsFile::open(tmp.path + "/q/model.safetensors");
   const auto want = SafetensorsFile::open(kModels + "/glm4-moe-b-fp8/model.safetensors");
   EXPECT_EQ(ours.entries().size(), want.entries().size());
-  size_t codes = 0, off_by_one = 0, quantized = 0;
+  size_t quantized = 0;
   for (const auto& e : want.entries()) {
     ASSERT_TRUE(ours.contains(e.name)) << e.name;
     ASSERT_EQ(ours.entry(e.name).dtype, e.dtype) << e.name;
     ASSERT_EQ(ours.entry(e.name).shape, e.shape) << e.name;
     const auto a = ours.bytes(e.name), b = want.bytes(e.name);
     ASSERT_EQ(a.size(), b.size()) << e.name;
-    if (e.dtype == "F8_E4M3") {
-      ++quantized;
-      for (size_t i = 0; i < a.size(); ++i) {
-        const auto x = static_cast<uint8_t>(a[i]), y = static_cast<uint8_t>(b[i]);
-        ++codes;
-        if (x == y) continue;
-        // e4m3 bytes are sign-magnitude and monotone in the magnitude: one step is a difference of 1.
-        EXPECT_TRUE((x & 0x80) == (y & 0x80) && std::abs(int{x} - int{y}) == 1) << e.name << " element " << i;
-        ++off_by_one;
-      }
-    } else if (e.name.ends_with("weight_scale_inv")) {
-      const std::vector<float> sa = read_f32(ours, e.name), sb = read_f32(want, e.name);
-      for (size_t i = 0; i < sa.size(); ++i) EXPECT_NEAR(sa[i], sb[i], 1e-6 * sb[i]) << e.name;
-    } else {
-      EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin())) << e.name << " is copied unchanged";
-    }
+    quantized += e.dtype == "F8_E4M3";
+    EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin())) << e.name << " differs from Fp8Quantize's";
   }
   // q/k/v/o × 3 layers, 2 dense MLPs, 8 experts and the shared expert: 3 projections each.
   EXPECT_EQ(quantized, 12u + 6u + 27u);
-  EXPECT_LT(off_by_one, codes / 100) << off_by_one << " of " << codes;
   EXPECT_EQ(ours.entry("model.layers.2.mlp.gate.weight").dtype, "BF16");
   Loaded l = load(tmp.path + "/q", DType::f32);
   EXPECT_EQ(l.ckpt.quantization().scheme, QuantScheme::fp8_block);

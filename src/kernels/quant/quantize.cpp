@@ -72,7 +72,9 @@ QuantizedMatrix quantize_fp8_block(const float* w, int64_t rows, int64_t cols, b
       const int64_t c0 = bc * block, c1 = std::min(cols, c0 + block);
       float amax = 0.0f;
       for (int64_t r = r0; r < r1; ++r) amax = std::max(amax, amax_of(w + r * cols + c0, c1 - c0));
-      float scale = amax > 0.0f ? kE4M3Max / amax : 1.0f;
+      // torch evaluates `448 / amax` (a Python scalar over a tensor) as amax.reciprocal() * 448: the same
+      // order here gives transformers' scales bit for bit.
+      float scale = amax > 0.0f ? (1.0f / amax) * kE4M3Max : 1.0f;
       float inv = 1.0f / scale;
       if (ue8m0) {
         inv = round_up_pow2(std::max(inv, std::numeric_limits<float>::min()));
