@@ -352,7 +352,7 @@ int run_init_model(const InitModelOptions& o) {
         " needs --expert-layout per-expert (the published quantized checkpoints hold per-expert linears)");
   }
   const llm::Architecture& arch = llm::architecture_of(config);
-  const llm::InitModelSpec spec = arch.init_model_spec();
+  const llm::InitModelSpec spec = arch.init_model_spec(config);
   const std::vector<PlannedTensor> plan = arch.tensors(config, layout);
   // The config's sizes are each in range, but their products can still be absurd: check before writing.
   constexpr uint64_t kMaxTotalBytes = uint64_t{1} << 50;

@@ -9,14 +9,20 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "cli_runner.hpp"
 #include "llm/checkpoint.hpp"
 
+#include "llm/chat_setup.hpp"
 #include "llm/kv_cache.hpp"
 #include "llm/model.hpp"
+#include "llm/model_bundle.hpp"
 #include "llm/model_config.hpp"
 #include "llm/model_oracle.hpp"
 #include "xmoe/error.hpp"
@@ -267,6 +273,33 @@ TEST(DeepseekV3, InitModelCheckpointsLoadAndRun) {
   }
   EXPECT_EQ(runs[0].prefill, runs[1].prefill);
   EXPECT_EQ(runs[0].decode, runs[1].decode);
+}
+
+// init-model for model_type kimi_k2 writes Kimi-K2's tokenizer form: tiktoken.model + tokenizer_config.json
+// (no tokenizer.json) with Kimi's specials and chat template; the bundle reads it back, the template renders
+// Kimi's turn markers and each marker encodes as its one special id; eos is <|im_end|>.
+TEST(DeepseekV3, KimiK2InitModelWritesATiktokenVocabularyAndKimisTemplate) {
+  const TempDir dir;
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(kData + "kimi/config.json"));
+  cfg["vocab_size"] = 1024;
+  const std::string config = dir / "config.json", out = dir / "m";
+  std::ofstream(config) << cfg.dump();
+  const auto r = testing_cli::run_cli("init-model --config " + config + " --out " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(out + "/tiktoken.model"));
+  EXPECT_FALSE(std::filesystem::exists(out + "/tokenizer.json"));
+  const ModelBundle b = ModelBundle::open(out);
+  ASSERT_TRUE(b.tokenizer.has_value());
+  ChatPromptOptions o;
+  o.user = "Hello 世界";
+  const std::string prompt = render_chat_prompt(b.chat, o);
+  EXPECT_NE(prompt.find("<|im_user|>user<|im_middle|>Hello 世界<|im_end|>"), std::string::npos) << prompt;
+  EXPECT_TRUE(prompt.ends_with("<|im_assistant|>assistant<|im_middle|>")) << prompt;
+  const std::optional<int32_t> im_end = b.tokenizer->token_to_id("<|im_end|>");
+  ASSERT_TRUE(im_end.has_value());
+  EXPECT_EQ(b.tokenizer->encode("<|im_end|>"), std::vector<int32_t>{*im_end});
+  EXPECT_NE(std::find(b.chat.eos_token_ids.begin(), b.chat.eos_token_ids.end(), *im_end),
+            b.chat.eos_token_ids.end());
 }
 
 }  // namespace

@@ -64,7 +64,8 @@ class Architecture {
   // The model, reading the checkpoint's weights in place (see load_model).
   virtual std::unique_ptr<CausalLM> load(const Checkpoint& checkpoint, const LoadOptions& options) const = 0;
 
-  virtual InitModelSpec init_model_spec() const = 0;
+  // What `init-model` writes besides the weights for config `c` (one class may serve several model_types).
+  virtual InitModelSpec init_model_spec(const ModelConfig& c) const = 0;
 };
 
 // The registered architectures, in registration order.

@@ -12,6 +12,7 @@
 #include "llm/arch/decoder.hpp"
 #include "llm/arch/deepseek_v3_chat_template.hpp"
 #include "llm/arch/feed_forward.hpp"
+#include "llm/arch/kimi_k2_chat_template.hpp"
 #include "llm/arch/mla_attention.hpp"
 #include "xmoe/error.hpp"
 
@@ -100,6 +101,52 @@ bool present(const FieldReader& r, const char* key) {
 
 double yarn_mscale(double factor, double mscale) {
   return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+}
+
+// Kimi-K2 (model_type kimi_k2): a tiktoken vocabulary (tiktoken.model, Kimi's pattern) with its special
+// tokens in the reserved ids after the ranks, in Kimi-K2-Instruct's order, and Kimi-K2-Instruct's template.
+InitModelSpec kimi_k2_init_model_spec() {
+  InitModelSpec s;
+  for (const char* t : {"[BOS]",
+                        "[EOS]",
+                        "<|im_end|>",
+                        "<|im_user|>",
+                        "<|im_assistant|>",
+                        "<|start_header_id|>",
+                        "<|end_header_id|>",
+                        "[EOT]",
+                        "<|im_system|>",
+                        "<|tool_calls_section_begin|>",
+                        "<|tool_calls_section_end|>",
+                        "<|tool_call_begin|>",
+                        "<|tool_call_argument_begin|>",
+                        "<|tool_call_end|>",
+                        "<|im_middle|>",
+                        "<|media_start|>",
+                        "<|media_content|>",
+                        "<|media_end|>",
+                        "<|media_pad|>",
+                        "[UNK]",
+                        "[PAD]"})
+    s.special_tokens.push_back({t, true});
+  s.tiktoken_vocabulary = true;
+  s.chat_template = kKimiK2ChatTemplate;
+  s.tokenizer_class = "TikTokenTokenizer";
+  s.bos_token = "[BOS]";
+  s.eos_token = "[EOS]";
+  s.pad_token = "[PAD]";
+  s.additional_special_tokens = {"<|im_end|>",          "<|im_user|>",       "<|im_assistant|>",
+                                 "<|start_header_id|>", "<|end_header_id|>", "[EOT]",
+                                 "<|im_system|>",       "<|im_middle|>"};
+  s.model_max_length = 131072;
+  s.config_bos = "[BOS]";
+  s.config_eos = "[EOS]";
+  s.generation_eos = {"<|im_end|>"};
+  s.generation_pad = "[PAD]";
+  s.sampling["do_sample"] = true;
+  s.sampling["temperature"] = 0.6;
+  s.initializer_range = 0.02;
+  return s;
 }
 
 // DeepseekV3ForCausalLM (deepseek_v3, kimi_k2), or with v32 DeepseekV32ForCausalLM (deepseek_v32: the same
@@ -358,7 +405,8 @@ class DeepseekV3 final : public Architecture {
     return load_decoder(checkpoint, options, std::move(spec));
   }
 
-  InitModelSpec init_model_spec() const override {
+  InitModelSpec init_model_spec(const ModelConfig& c) const override {
+    if (c.model_type == "kimi_k2") return kimi_k2_init_model_spec();
     InitModelSpec s;
     // DeepSeek-V3's tokenizer: begin/end of sentence and pad at ids 0-2, then the chat, thinking and
     // tool-call tokens its template uses.

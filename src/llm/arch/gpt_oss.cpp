@@ -292,7 +292,7 @@ class GptOss final : public Architecture {
     return load_decoder(checkpoint, options, std::move(spec));
   }
 
-  InitModelSpec init_model_spec() const override {
+  InitModelSpec init_model_spec(const ModelConfig&) const override {
     InitModelSpec s;
     // o200k_harmony's special tokens (gpt-oss's tokenizer.json; reserved ones left out).
     for (const char* t : {"<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>",

@@ -172,7 +172,7 @@ class Qwen3Moe final : public Architecture {
     return load_decoder(checkpoint, options, std::move(spec));
   }
 
-  InitModelSpec init_model_spec() const override {
+  InitModelSpec init_model_spec(const ModelConfig&) const override {
     InitModelSpec s;
     // As Qwen3 marks them: the think/tool tags are added tokens but not "special".
     s.special_tokens = {{"<|endoftext|>", true}, {"<|im_start|>", true}, {"<|im_end|>", true},
