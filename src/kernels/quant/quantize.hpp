@@ -27,12 +27,12 @@ struct QuantizedMatrix {
 };
 
 // DeepSeek / transformers FP8 block: 128 × 128 blocks (edge blocks smaller), per block amax, the forward
-// scale 448 / amax computed as (1 / amax) · 448 (1 for an all-zero block), `weight_scale_inv` = 1 / scale as f32 [⌈rows/128⌉, ⌈cols/128⌉]
-// and the elements E4M3(clamp(w · scale, ±448)), as transformers' Fp8Quantize computes them (it refuses
-// partial blocks; here they take the same formula over their smaller extent, matching DeepSeek's
-// dequantisation rule). ue8m0 (DeepSeek-V3.1's `scale_fmt`): weight_scale_inv rounded UP to a power of two
-// (2^⌈log2⌉ from its bits, as DeepSeek's fast_round_scale and transformers' ue8m0 branch do) and the forward
-// scale its exact reciprocal; still stored as f32.
+// scale 448 / amax computed as (1 / amax) · 448 (1 for an all-zero block), `weight_scale_inv` = 1 / scale as
+// f32 [⌈rows/128⌉, ⌈cols/128⌉] and the elements E4M3(clamp(w · scale, ±448)), as transformers' Fp8Quantize
+// computes them (it refuses partial blocks; here they take the same formula over their smaller extent,
+// matching DeepSeek's dequantisation rule). ue8m0 (DeepSeek-V3.1's `scale_fmt`): weight_scale_inv rounded UP
+// to a power of two (2^⌈log2⌉ from its bits, as DeepSeek's fast_round_scale and transformers' ue8m0 branch
+// do) and the forward scale its exact reciprocal; still stored as f32.
 QuantizedMatrix quantize_fp8_block(const float* w, int64_t rows, int64_t cols, bool ue8m0 = false,
                                    int block = 128);
 

@@ -145,7 +145,9 @@ class Glm4Moe final : public Architecture {
     return load_decoder(checkpoint, options, std::move(spec));
   }
 
-  InitModelSpec init_model_spec(const ModelConfig&) const override { return glm_init_model_spec(kGlm4MoeChatTemplate); }
+  InitModelSpec init_model_spec(const ModelConfig&) const override {
+    return glm_init_model_spec(kGlm4MoeChatTemplate);
+  }
 };
 
 }  // namespace

@@ -231,7 +231,9 @@ class Glm4MoeLite final : public Architecture {
 
   // GLM-4.7-Flash's added tokens are GLM-4.5's; its own chat template is not among the headers yet, so
   // init-model writes GLM-4.6's (the same roles and tool-call markup).
-  InitModelSpec init_model_spec(const ModelConfig&) const override { return glm_init_model_spec(kGlm4MoeChatTemplate); }
+  InitModelSpec init_model_spec(const ModelConfig&) const override {
+    return glm_init_model_spec(kGlm4MoeChatTemplate);
+  }
 };
 
 }  // namespace
