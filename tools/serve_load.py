@@ -223,7 +223,9 @@ async def sample(client, args, start_rss, stop, totals):
             totals.rss_kib.append((now, read_rss_kib(args.pid)))
         try:
             values = metric_values((await client.get("/metrics", timeout=5)).text)
-            totals.running_peak = max(totals.running_peak, values.get("xmoe_running_sequences", 0.0))
+            # The server's own high-water mark sees every step; sampling the gauge every 0.25 s can miss the peak.
+            totals.running_peak = max(totals.running_peak, values.get("xmoe_running_sequences_peak", 0.0),
+                                      values.get("xmoe_running_sequences", 0.0))
         except httpx.HTTPError:
             pass
         try:

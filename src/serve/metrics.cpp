@@ -117,6 +117,9 @@ std::string ServerMetrics::render(const EngineGauges& gauges) const {
   sample(out, "xmoe_queue_depth", static_cast<double>(gauges.queue_depth));
   header(out, "xmoe_running_sequences", "gauge", "Sequences in the running batch.");
   sample(out, "xmoe_running_sequences", static_cast<double>(gauges.running));
+  header(out, "xmoe_running_sequences_peak", "gauge",
+         "The most sequences in the running batch at once since the server started.");
+  sample(out, "xmoe_running_sequences_peak", static_cast<double>(gauges.running_peak));
   header(out, "xmoe_kv_cache_blocks_used", "gauge", "KV-cache blocks held by sequences.");
   sample(out, "xmoe_kv_cache_blocks_used", static_cast<double>(gauges.kv_blocks_used));
   header(out, "xmoe_kv_cache_blocks_total", "gauge", "KV-cache blocks in all.");

@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <deque>
 #include <optional>
 
@@ -304,6 +305,7 @@ void Service::publish_gauges() {
   const llm::KvCache& cache = engine_->kv_cache();
   std::lock_guard lock(mu_);
   gauges_.running = engine_->running_count();
+  gauges_.running_peak = std::max(gauges_.running_peak, gauges_.running);
   int64_t inbox = 0;
   for (const Pending& p : inbox_) inbox += p.request.settings.n;
   gauges_.queue_depth = engine_->waiting_count() + inbox;

@@ -138,6 +138,8 @@ def test_metrics_count_requests_tokens_and_latencies(server):
     assert after["xmoe_kv_cache_blocks_total"] > 0
     for gauge in ["xmoe_queue_depth", "xmoe_running_sequences", "xmoe_kv_cache_blocks_used"]:
         assert gauge in after
+    # The high-water mark saw the request's sequence in the batch.
+    assert after["xmoe_running_sequences_peak"] >= 1
     text = httpx.get(server.base_url + "/metrics", headers=server.headers()).text
     assert "# TYPE xmoe_time_to_first_token_seconds histogram" in text
     assert "# TYPE xmoe_http_requests_total counter" in text
