@@ -26,8 +26,8 @@ class Histogram {
 };
 
 struct EngineGauges {
-  int64_t queue_depth = 0;  // sequences submitted and not yet running
-  int64_t running = 0;      // sequences in the batch
+  int64_t queue_depth = 0;   // sequences submitted and not yet running
+  int64_t running = 0;       // sequences in the batch
   int64_t running_peak = 0;  // the most sequences in the batch at once since the server started
   int64_t kv_blocks_used = 0, kv_blocks_total = 0;
 };
