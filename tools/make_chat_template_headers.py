@@ -18,6 +18,8 @@ HEADERS = [
      "The Kimi-K2 chat template exactly as published with moonshotai/Kimi-K2-Instruct"),
     ("glm4_moe_chat_template.hpp", "kGlm4MoeChatTemplate", "GLM-4.6.jinja",
      "The GLM-4.6 chat template exactly as published with zai-org/GLM-4.6 (GLM-4.5 ships the same tool format)"),
+    ("glm4_moe_lite_chat_template.hpp", "kGlm4MoeLiteChatTemplate", "GLM-4.7-Flash.jinja",
+     "The GLM-4.7-Flash chat template exactly as published with zai-org/GLM-4.7-Flash"),
 ]
 
 

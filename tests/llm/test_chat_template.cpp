@@ -17,6 +17,7 @@
 
 #include "llm/arch/deepseek_v3_chat_template.hpp"
 #include "llm/arch/glm4_moe_chat_template.hpp"
+#include "llm/arch/glm4_moe_lite_chat_template.hpp"
 #include "llm/arch/kimi_k2_chat_template.hpp"
 #include "xmoe/chat_template.hpp"
 #include "xmoe/error.hpp"
@@ -141,6 +142,7 @@ TEST(ChatTemplateHeaders, EmbedThePublishedTemplatesVerbatim) {
       {xmoe::llm::kDeepseekV3ChatTemplate, "deepseek-ai-DeepSeek-V3.1.jinja"},
       {xmoe::llm::kKimiK2ChatTemplate, "Kimi-K2-Instruct.jinja"},
       {xmoe::llm::kGlm4MoeChatTemplate, "GLM-4.6.jinja"},
+      {xmoe::llm::kGlm4MoeLiteChatTemplate, "GLM-4.7-Flash.jinja"},
   };
   for (const auto& [text, file] : headers) {
     SCOPED_TRACE(file);

@@ -9,7 +9,7 @@
 
 #include "llm/arch/architecture.hpp"
 #include "llm/arch/decoder.hpp"
-#include "llm/arch/glm4_moe_chat_template.hpp"
+#include "llm/arch/glm4_moe_lite_chat_template.hpp"
 #include "llm/arch/glm4_moe_parts.hpp"
 #include "llm/arch/mla_attention.hpp"
 #include "xmoe/error.hpp"
@@ -232,7 +232,7 @@ class Glm4MoeLite final : public Architecture {
   // GLM-4.7-Flash's added tokens are GLM-4.5's; its own chat template is not among the headers yet, so
   // init-model writes GLM-4.6's (the same roles and tool-call markup).
   InitModelSpec init_model_spec(const ModelConfig&) const override {
-    return glm_init_model_spec(kGlm4MoeChatTemplate);
+    return glm_init_model_spec(kGlm4MoeLiteChatTemplate);
   }
 };
 
