@@ -17,16 +17,6 @@ namespace xmoe::serve {
 
 namespace {
 
-bool is_space(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
-
-std::string trimmed(std::string_view s) {
-  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-  return std::string(s);
-}
-
 class DeepseekV3ToolCallBody final : public ToolCallBodyParser {
  public:
   void push(std::string_view text, int index, std::vector<OutputEvent>& out) override {
@@ -37,7 +27,7 @@ class DeepseekV3ToolCallBody final : public ToolCallBodyParser {
     head_ += text;
     const size_t sep = sep_search_.find(head_, kSep, 0);
     if (sep == std::string::npos) return;
-    std::string name = trimmed(std::string_view(head_).substr(0, sep));
+    std::string name = std::string(trim_json_space(std::string_view(head_).substr(0, sep)));
     std::string_view rest = std::string_view(head_).substr(sep + kSep.size());
     const size_t first = rest.find_first_not_of(" \t\r\n");
     if (first == std::string_view::npos) return;
@@ -45,7 +35,7 @@ class DeepseekV3ToolCallBody final : public ToolCallBodyParser {
       // DeepSeek-V3 / R1: function<｜tool▁sep｜>NAME\n```json\nARGS\n```
       const size_t newline = rest.find('\n', first);
       if (newline == std::string_view::npos) return;
-      name = trimmed(rest.substr(0, newline));
+      name = std::string(trim_json_space(rest.substr(0, newline)));
       rest.remove_prefix(newline + 1);
       const size_t fence = rest.find_first_not_of(" \t\r\n");
       if (fence == std::string_view::npos) return;

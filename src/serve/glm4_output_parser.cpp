@@ -10,10 +10,6 @@ namespace xmoe::serve {
 
 namespace {
 
-bool is_space(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
-
 constexpr std::string_view kKeyOpen = "<arg_key>";
 constexpr std::string_view kKeyClose = "</arg_key>";
 constexpr std::string_view kValueOpen = "<arg_value>";
@@ -63,19 +59,19 @@ class Glm4ToolCallBody final : public ToolCallBodyParser {
       const char c = body_[scan_];
       const bool ends_name = c == '\n' || c == '<';
       if (name_state_ == NameState::leading) {
-        if (is_space(c)) continue;
+        if (is_json_space(c)) continue;
         if (c == '<') return give_up();
         name_begin_ = scan_;
         name_state_ = NameState::in_name;
       } else if (name_state_ == NameState::in_name) {
         if (ends_name) return begin_call(scan_, scan_, index, out);
-        if (is_space(c)) {
+        if (is_json_space(c)) {
           name_end_ = scan_;
           name_state_ = NameState::after_name;
         }
       } else {  // after_name: only spaces until the newline or '<'
         if (ends_name) return begin_call(name_end_, scan_, index, out);
-        if (!is_space(c)) return give_up();
+        if (!is_json_space(c)) return give_up();
       }
     }
     if (!at_end || name_state_ == NameState::leading) return false;

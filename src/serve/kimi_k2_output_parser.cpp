@@ -12,14 +12,9 @@ namespace xmoe::serve {
 
 namespace {
 
-bool is_space(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
-
 // "functions.get_weather:0" → "get_weather".
 std::string name_of_call_id(std::string_view id) {
-  while (!id.empty() && is_space(id.front())) id.remove_prefix(1);
-  while (!id.empty() && is_space(id.back())) id.remove_suffix(1);
+  id = trim_json_space(id);
   if (id.starts_with("functions.")) id.remove_prefix(10);
   const size_t colon = id.rfind(':');
   if (colon != std::string_view::npos && colon + 1 < id.size() &&

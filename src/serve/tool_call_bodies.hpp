@@ -65,4 +65,15 @@ std::string argument_value_json(const std::string& text, bool as_string);
 
 std::string dump_json(const nlohmann::ordered_json& j);
 
+// JSON's whitespace (space, tab, newline, carriage return): what the families' markup puts around names.
+inline bool is_json_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+// `s` without leading and trailing JSON whitespace.
+inline std::string_view trim_json_space(std::string_view s) {
+  while (!s.empty() && is_json_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_json_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
 }  // namespace xmoe::serve

@@ -41,20 +41,7 @@ struct Names {
     n.post_norm = layer(i) + "post_attention_layernorm.weight";
     return n;
   }
-  struct Mla {
-    std::string q, q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b, o;  // weight tensors
-  };
-  static Mla mla(int i) {
-    const std::string p = layer(i) + "self_attn.";
-    return {p + "q_proj.weight",
-            p + "q_a_proj.weight",
-            p + "q_a_layernorm.weight",
-            p + "q_b_proj.weight",
-            p + "kv_a_proj_with_mqa.weight",
-            p + "kv_a_layernorm.weight",
-            p + "kv_b_proj.weight",
-            p + "o_proj.weight"};
-  }
+  static MlaNames mla(int i) { return mla_names(layer(i) + "self_attn."); }
   // DeepSeek-V3.2's indexer: wq_b [n_heads·head_dim, q_lora], wk [head_dim, H], LayerNorm k_norm (weight,
   // bias), weights_proj [n_heads, H].
   struct Indexer {
@@ -89,18 +76,19 @@ struct Names {
   static constexpr const char* kLmHead = "lm_head.weight";
 };
 
-// Whether config.json holds `key` at all (null included).
-bool present(const FieldReader& r, const char* key) {
-  try {
-    (void)r.at(key);
-    return true;
-  } catch (const nlohmann::json::out_of_range&) {
-    return false;
-  }
-}
-
-double yarn_mscale(double factor, double mscale) {
-  return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+MlaDims mla_dims(const ModelConfig& c) {
+  const DeepseekV3Fields& f = c.arch<DeepseekV3Fields>();
+  MlaDims d;
+  d.heads = c.num_attention_heads;
+  d.q_lora_rank = f.q_lora_rank;
+  d.kv_lora_rank = f.kv_lora_rank;
+  d.qk_nope = f.qk_nope_head_dim;
+  d.qk_rope = f.qk_rope_head_dim;
+  d.v_head = f.v_head_dim;
+  d.scale = f.softmax_scale;
+  d.rope_interleave = f.rope_interleave;
+  d.max_context = f.index_topk;
+  return d;
 }
 
 // Kimi-K2 (model_type kimi_k2): a tiktoken vocabulary (tiktoken.model, Kimi's pattern) with its special
@@ -180,8 +168,7 @@ class DeepseekV3 final : public Architecture {
     auto get = [&](const char* key, int def, int lo) {
       return static_cast<int>(r.get_int(key, def, lo, kMaxConfigInt));
     };
-    // q_lora_rank: null = no query compression (q_proj); absent = the config class default.
-    f->q_lora_rank = r.has("q_lora_rank") ? get("q_lora_rank", 0, 1) : (present(r, "q_lora_rank") ? 0 : 1536);
+    f->q_lora_rank = parse_q_lora_rank(r, 1536);
     f->kv_lora_rank = get("kv_lora_rank", 512, 1);
     f->qk_nope_head_dim = get("qk_nope_head_dim", 128, 1);
     f->qk_rope_head_dim = get("qk_rope_head_dim", 64, 2);
@@ -232,15 +219,7 @@ class DeepseekV3 final : public Architecture {
     c.norm_topk_prob = true;  // DeepseekV3Config's default
     parse_moe_fields(r, d, c);
 
-    const double qk_head = f->qk_nope_head_dim + f->qk_rope_head_dim;
-    double scale = 1.0 / std::sqrt(qk_head);
-    if (c.rope_scaling && c.rope_scaling->type != "default") {
-      const FieldReader rs(r.at(c.rope_scaling->source.c_str()), r.where(), c.rope_scaling->source + ".");
-      const double all_dim = rs.opt_number("mscale_all_dim").value_or(0.0);
-      if (all_dim != 0)
-        scale *= yarn_mscale(c.rope_scaling->factor, all_dim) * yarn_mscale(c.rope_scaling->factor, all_dim);
-    }
-    f->softmax_scale = static_cast<float>(scale);
+    f->softmax_scale = mla_softmax_scale(r, c, f->qk_nope_head_dim + f->qk_rope_head_dim);
 
     const bool kimi = c.model_type == "kimi_k2";
     if (c.num_experts > 0) {
@@ -273,9 +252,8 @@ class DeepseekV3 final : public Architecture {
 
   std::vector<PlannedTensor> tensors(const ModelConfig& c, ExpertLayout layout) const override {
     const DeepseekV3Fields& f = c.arch<DeepseekV3Fields>();
-    const int64_t H = c.hidden_size, nh = c.num_attention_heads, E = c.num_experts,
-                  I = c.moe_intermediate_size;
-    const int64_t qk_head = f.qk_nope_head_dim + f.qk_rope_head_dim;
+    const int64_t H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
+    const MlaDims dims = mla_dims(c);
     constexpr TensorRole kQuant = TensorRole::quantized_linear;
     std::vector<PlannedTensor> t;
     auto swiglu = [&](const DenseMlpNames& m, int64_t F) {
@@ -288,20 +266,8 @@ class DeepseekV3 final : public Architecture {
     t.push_back(random_tensor(Names::kEmbed, {c.vocab_size, H}));
     for (int i = 0; i < c.num_hidden_layers; ++i) {
       const DecoderLayerNames n = Names::decoder_layer(i);
-      const Names::Mla a = Names::mla(i);
       t.push_back(constant_tensor(n.input_norm, {H}, TensorInit::ones));
-      // As DeepSeek publishes them in FP8: every attention projection (kv_b_proj too).
-      if (f.q_lora_rank > 0) {
-        t.push_back(random_tensor(a.q_a, {f.q_lora_rank, H}, kQuant));
-        t.push_back(constant_tensor(a.q_a_norm, {f.q_lora_rank}, TensorInit::ones));
-        t.push_back(random_tensor(a.q_b, {nh * qk_head, f.q_lora_rank}, kQuant));
-      } else {
-        t.push_back(random_tensor(a.q, {nh * qk_head, H}, kQuant));
-      }
-      t.push_back(random_tensor(a.kv_a, {f.kv_lora_rank + f.qk_rope_head_dim, H}, kQuant));
-      t.push_back(constant_tensor(a.kv_a_norm, {f.kv_lora_rank}, TensorInit::ones));
-      t.push_back(random_tensor(a.kv_b, {nh * (f.qk_nope_head_dim + f.v_head_dim), f.kv_lora_rank}, kQuant));
-      t.push_back(random_tensor(a.o, {H, nh * f.v_head_dim}, kQuant));
+      add_mla_tensors(t, Names::mla(i), dims, H);
       if (f.index_topk > 0) {
         // As DeepSeek-V3.2 publishes them: wq_b and wk in FP8, weights_proj and the LayerNorm kept.
         const Names::Indexer x = Names::indexer(i);
@@ -351,32 +317,11 @@ class DeepseekV3 final : public Architecture {
     spec.final_norm = Names::kFinalNorm;
     spec.lm_head = Names::kLmHead;
     spec.layer_names = &Names::decoder_layer;
-    MlaDims dims;
-    dims.heads = c.num_attention_heads;
-    dims.q_lora_rank = f.q_lora_rank;
-    dims.kv_lora_rank = f.kv_lora_rank;
-    dims.qk_nope = f.qk_nope_head_dim;
-    dims.qk_rope = f.qk_rope_head_dim;
-    dims.v_head = f.v_head_dim;
-    dims.scale = f.softmax_scale;
-    dims.rope_interleave = f.rope_interleave;
-    dims.max_context = f.index_topk;
+    const MlaDims dims = mla_dims(c);
     spec.kv_latent_width = dims.latent_width();
     spec.attention_layer = [dims, c, f](int i, DecoderLoader& ld) -> std::unique_ptr<AttentionLayer> {
-      const Names::Mla a = Names::mla(i);
-      const int64_t H = c.hidden_size, nh = dims.heads;
-      MlaWeights w;
-      if (dims.q_lora_rank > 0) {
-        w.q_a = ld.matrix(a.q_a, dims.q_lora_rank, H);
-        w.q_a_norm = ld.vector(a.q_a_norm, dims.q_lora_rank);
-        w.q_b = ld.matrix(a.q_b, nh * dims.qk_head(), dims.q_lora_rank);
-      } else {
-        w.q = ld.matrix(a.q, nh * dims.qk_head(), H);
-      }
-      w.kv_a = ld.matrix(a.kv_a, dims.latent_width(), H);
-      w.kv_a_norm = ld.vector(a.kv_a_norm, dims.kv_lora_rank);
-      w.kv_b = ld.matrix(a.kv_b, nh * (dims.qk_nope + dims.v_head), dims.kv_lora_rank);
-      w.o = ld.matrix(a.o, H, nh * dims.v_head);
+      const int64_t H = c.hidden_size;
+      MlaWeights w = load_mla_weights(ld, Names::mla(i), dims, H);
       if (f.index_topk > 0) {
         // The indexer is not run (contexts stay within index_topk, where it selects every position); its
         // tensors are checked to be there with their shapes.

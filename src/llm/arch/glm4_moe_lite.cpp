@@ -30,61 +30,22 @@ DecoderLayerNames decoder_layer_names(int i) {
   return n;
 }
 
-struct MlaNames {
-  std::string q, q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b, o;  // weight tensors
-};
-MlaNames mla_names(int i) {
-  const std::string p = glm_layer_prefix(i) + "self_attn.";
-  return {p + "q_proj.weight",
-          p + "q_a_proj.weight",
-          p + "q_a_layernorm.weight",
-          p + "q_b_proj.weight",
-          p + "kv_a_proj_with_mqa.weight",
-          p + "kv_a_layernorm.weight",
-          p + "kv_b_proj.weight",
-          p + "o_proj.weight"};
+MlaNames layer_mla_names(int i) {
+  return mla_names(glm_layer_prefix(i) + "self_attn.");
 }
 
 constexpr const char* kEmbed = "model.embed_tokens.weight";
 constexpr const char* kFinalNorm = "model.norm.weight";
 constexpr const char* kLmHead = "lm_head.weight";
 
-// Whether config.json holds `key` at all (null included).
-bool present(const FieldReader& r, const char* key) {
-  try {
-    (void)r.at(key);
-    return true;
-  } catch (const nlohmann::json::out_of_range&) {
-    return false;
-  }
-}
-
-double yarn_mscale(double factor, double mscale) {
-  return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
-}
-
 // One decoder layer's tensors: norms, MLA projections (every one FP8 in a quantized checkpoint, as
 // DeepSeek's), the feed-forward side.
 void add_layer(std::vector<PlannedTensor>& t, const ModelConfig& c, int i, ExpertLayout layout) {
-  constexpr TensorRole kQuant = TensorRole::quantized_linear;
   const Glm4MoeLiteFields& f = c.arch<Glm4MoeLiteFields>();
-  const MlaDims& d = f.mla;
-  const int64_t H = c.hidden_size, nh = d.heads;
   const DecoderLayerNames n = decoder_layer_names(i);
-  const MlaNames a = mla_names(i);
-  t.push_back(constant_tensor(n.input_norm, {H}, TensorInit::ones));
-  if (d.q_lora_rank > 0) {
-    t.push_back(random_tensor(a.q_a, {d.q_lora_rank, H}, kQuant));
-    t.push_back(constant_tensor(a.q_a_norm, {d.q_lora_rank}, TensorInit::ones));
-    t.push_back(random_tensor(a.q_b, {nh * d.qk_head(), d.q_lora_rank}, kQuant));
-  } else {
-    t.push_back(random_tensor(a.q, {nh * d.qk_head(), H}, kQuant));
-  }
-  t.push_back(random_tensor(a.kv_a, {d.latent_width(), H}, kQuant));
-  t.push_back(constant_tensor(a.kv_a_norm, {d.kv_lora_rank}, TensorInit::ones));
-  t.push_back(random_tensor(a.kv_b, {nh * (d.qk_nope + d.v_head), d.kv_lora_rank}, kQuant));
-  t.push_back(random_tensor(a.o, {H, nh * d.v_head}, kQuant));
-  t.push_back(constant_tensor(n.post_norm, {H}, TensorInit::ones));
+  t.push_back(constant_tensor(n.input_norm, {c.hidden_size}, TensorInit::ones));
+  add_mla_tensors(t, layer_mla_names(i), f.mla, c.hidden_size);
+  t.push_back(constant_tensor(n.post_norm, {c.hidden_size}, TensorInit::ones));
   add_glm_feed_forward(t, c, f.moe, i, layout);
 }
 
@@ -123,7 +84,7 @@ class Glm4MoeLite final : public Architecture {
       return static_cast<int>(r.get_int(key, def, lo, kMaxConfigInt));
     };
     // q_lora_rank: null = no query compression (q_proj); absent = the config class default.
-    m.q_lora_rank = r.has("q_lora_rank") ? get("q_lora_rank", 0, 1) : (present(r, "q_lora_rank") ? 0 : 768);
+    m.q_lora_rank = parse_q_lora_rank(r, 768);
     m.kv_lora_rank = get("kv_lora_rank", 512, 1);
     m.qk_nope = get("qk_nope_head_dim", 192, 1);
     m.qk_rope = get("qk_rope_head_dim", 64, 2);
@@ -141,14 +102,7 @@ class Glm4MoeLite final : public Architecture {
     XMOE_CHECK(!c.attention_bias, r.field("attention_bias"),
                " = true is not supported (GLM-4.7-Flash's MLA projections have no biases)");
     XMOE_CHECK(!c.tie_word_embeddings, r.field("tie_word_embeddings"), " = true is not supported");
-    double scale = 1.0 / std::sqrt(static_cast<double>(m.qk_head()));
-    if (c.rope_scaling) {
-      const FieldReader rs(r.at(c.rope_scaling->source.c_str()), r.where(), c.rope_scaling->source + ".");
-      const double all_dim = rs.opt_number("mscale_all_dim").value_or(0.0);
-      if (all_dim != 0)
-        scale *= yarn_mscale(c.rope_scaling->factor, all_dim) * yarn_mscale(c.rope_scaling->factor, all_dim);
-    }
-    m.scale = static_cast<float>(scale);
+    m.scale = mla_softmax_scale(r, c, m.qk_head());
 
     // mlp_layer_types: "dense" / "sparse" per layer; default one dense layer, then MoE.
     std::vector<bool> dense(static_cast<size_t>(c.num_hidden_layers), false);
@@ -206,21 +160,7 @@ class Glm4MoeLite final : public Architecture {
     spec.kv_latent_width = f.mla.latent_width();
     spec.attention_layer = [dims = f.mla, H = c.hidden_size](
                                int i, DecoderLoader& ld) -> std::unique_ptr<AttentionLayer> {
-      const MlaNames a = mla_names(i);
-      const int64_t nh = dims.heads;
-      MlaWeights w;
-      if (dims.q_lora_rank > 0) {
-        w.q_a = ld.matrix(a.q_a, dims.q_lora_rank, H);
-        w.q_a_norm = ld.vector(a.q_a_norm, dims.q_lora_rank);
-        w.q_b = ld.matrix(a.q_b, nh * dims.qk_head(), dims.q_lora_rank);
-      } else {
-        w.q = ld.matrix(a.q, nh * dims.qk_head(), H);
-      }
-      w.kv_a = ld.matrix(a.kv_a, dims.latent_width(), H);
-      w.kv_a_norm = ld.vector(a.kv_a_norm, dims.kv_lora_rank);
-      w.kv_b = ld.matrix(a.kv_b, nh * (dims.qk_nope + dims.v_head), dims.kv_lora_rank);
-      w.o = ld.matrix(a.o, H, nh * dims.v_head);
-      return std::make_unique<MlaAttention>(dims, std::move(w));
+      return std::make_unique<MlaAttention>(dims, load_mla_weights(ld, layer_mla_names(i), dims, H));
     };
     // Only layers [0, num_hidden_layers) are loaded: the MTP layers after them are skipped.
     spec.feed_forward = [c, moe = f.moe](int i, DecoderLoader& loader) {
@@ -229,8 +169,7 @@ class Glm4MoeLite final : public Architecture {
     return load_decoder(checkpoint, options, std::move(spec));
   }
 
-  // GLM-4.7-Flash's added tokens are GLM-4.5's; its own chat template is not among the headers yet, so
-  // init-model writes GLM-4.6's (the same roles and tool-call markup).
+  // GLM-4.7-Flash's added tokens are GLM-4.5's, with its own chat template.
   InitModelSpec init_model_spec(const ModelConfig&) const override {
     return glm_init_model_spec(kGlm4MoeLiteChatTemplate);
   }

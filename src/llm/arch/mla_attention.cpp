@@ -249,4 +249,72 @@ void MlaAttention::attend_expanded(const kernels::KernelTable& table, KvCache& c
   }
 }
 
+MlaNames mla_names(const std::string& prefix) {
+  return {prefix + "q_proj.weight",
+          prefix + "q_a_proj.weight",
+          prefix + "q_a_layernorm.weight",
+          prefix + "q_b_proj.weight",
+          prefix + "kv_a_proj_with_mqa.weight",
+          prefix + "kv_a_layernorm.weight",
+          prefix + "kv_b_proj.weight",
+          prefix + "o_proj.weight"};
+}
+
+int parse_q_lora_rank(const FieldReader& r, int class_default) {
+  if (r.has("q_lora_rank")) return static_cast<int>(r.get_int("q_lora_rank", 0, 1, kMaxConfigInt));
+  try {
+    (void)r.at("q_lora_rank");  // present, and null
+    return 0;
+  } catch (const nlohmann::json::out_of_range&) {
+    return class_default;
+  }
+}
+
+float mla_softmax_scale(const FieldReader& r, const ModelConfig& c, int qk_head) {
+  double scale = 1.0 / std::sqrt(static_cast<double>(qk_head));
+  if (c.rope_scaling && c.rope_scaling->type != "default") {
+    const FieldReader rs(r.at(c.rope_scaling->source.c_str()), r.where(), c.rope_scaling->source + ".");
+    const double all_dim = rs.opt_number("mscale_all_dim").value_or(0.0);
+    const double factor = c.rope_scaling->factor;
+    if (all_dim != 0 && factor > 1) {
+      const double mscale = 0.1 * all_dim * std::log(factor) + 1.0;
+      scale *= mscale * mscale;
+    }
+  }
+  return static_cast<float>(scale);
+}
+
+void add_mla_tensors(std::vector<PlannedTensor>& t, const MlaNames& n, const MlaDims& d, int64_t hidden) {
+  constexpr TensorRole kQuant = TensorRole::quantized_linear;
+  const int64_t H = hidden, nh = d.heads;
+  if (d.q_lora_rank > 0) {
+    t.push_back(random_tensor(n.q_a, {d.q_lora_rank, H}, kQuant));
+    t.push_back(constant_tensor(n.q_a_norm, {d.q_lora_rank}, TensorInit::ones));
+    t.push_back(random_tensor(n.q_b, {nh * d.qk_head(), d.q_lora_rank}, kQuant));
+  } else {
+    t.push_back(random_tensor(n.q, {nh * d.qk_head(), H}, kQuant));
+  }
+  t.push_back(random_tensor(n.kv_a, {d.latent_width(), H}, kQuant));
+  t.push_back(constant_tensor(n.kv_a_norm, {d.kv_lora_rank}, TensorInit::ones));
+  t.push_back(random_tensor(n.kv_b, {nh * (d.qk_nope + d.v_head), d.kv_lora_rank}, kQuant));
+  t.push_back(random_tensor(n.o, {H, nh * d.v_head}, kQuant));
+}
+
+MlaWeights load_mla_weights(DecoderLoader& ld, const MlaNames& n, const MlaDims& d, int64_t hidden) {
+  const int64_t H = hidden, nh = d.heads;
+  MlaWeights w;
+  if (d.q_lora_rank > 0) {
+    w.q_a = ld.matrix(n.q_a, d.q_lora_rank, H);
+    w.q_a_norm = ld.vector(n.q_a_norm, d.q_lora_rank);
+    w.q_b = ld.matrix(n.q_b, nh * d.qk_head(), d.q_lora_rank);
+  } else {
+    w.q = ld.matrix(n.q, nh * d.qk_head(), H);
+  }
+  w.kv_a = ld.matrix(n.kv_a, d.latent_width(), H);
+  w.kv_a_norm = ld.vector(n.kv_a_norm, d.kv_lora_rank);
+  w.kv_b = ld.matrix(n.kv_b, nh * (d.qk_nope + d.v_head), d.kv_lora_rank);
+  w.o = ld.matrix(n.o, H, nh * d.v_head);
+  return w;
+}
+
 }  // namespace xmoe::llm

@@ -17,8 +17,13 @@
 #include <cstdint>
 #include <vector>
 
+#include <string>
+
 #include "kernels/packed_weight.hpp"
+#include "llm/arch/config_fields.hpp"
 #include "llm/arch/decoder.hpp"
+#include "llm/arch/tensor_plan.hpp"
+#include "llm/model_config.hpp"
 
 namespace xmoe::llm {
 
@@ -69,5 +74,26 @@ class MlaAttention final : public AttentionLayer {
   std::vector<float> kv_b_;  // kv_b_proj in f32, [heads·(nope + v), kv_lora]: W_UK and W_UV rows per head
   kernels::PackedWeight kv_b_f32_;
 };
+
+// The parts an architecture with MLA layers shares (DeepSeek-V3/V3.2, Kimi-K2, GLM-4.7-Flash).
+
+// One layer's MLA weight tensors under `prefix` ("model.layers.3.self_attn.").
+struct MlaNames {
+  std::string q, q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b, o;
+};
+MlaNames mla_names(const std::string& prefix);
+
+// config.json's q_lora_rank: null = no query compression (0, q_proj); absent = the config class's default.
+int parse_q_lora_rank(const FieldReader& r, int class_default);
+
+// qk_head^-0.5, times mscale(factor, mscale_all_dim)² when RoPE scaling other than "default" sets
+// mscale_all_dim (transformers' DeepseekV3Attention / yarn_apply_mscale).
+float mla_softmax_scale(const FieldReader& r, const ModelConfig& c, int qk_head);
+
+// The layer's MLA tensors in module order, every projection quantized (as DeepSeek publishes them in FP8).
+void add_mla_tensors(std::vector<PlannedTensor>& t, const MlaNames& n, const MlaDims& d, int64_t hidden);
+
+// The layer's MLA weights, read through the loader.
+MlaWeights load_mla_weights(DecoderLoader& ld, const MlaNames& n, const MlaDims& d, int64_t hidden);
 
 }  // namespace xmoe::llm
