@@ -116,14 +116,18 @@ def test_thinking_blocks(client, server, hf_tokenizer):
     with client.messages.stream(model=server.model, max_tokens=16, messages=HELLO,
                                 thinking={"type": "enabled", "budget_tokens": 1024}) as stream:
         events = list(stream)
-    # Every thinking block closes with exactly one signature_delta just before its content_block_stop.
+    # Every thinking block closes with exactly one signature_delta just before its content_block_stop. The SDK's
+    # stream also yields events it derives from the wire ("text", "thinking", "signature", "input_json", ...,
+    # e.g. a "signature" right after each signature_delta): only the wire's events count here.
+    wire = [e for e in events if e.type in {"message_start", "content_block_start", "content_block_delta",
+                                            "content_block_stop", "message_delta", "message_stop"}]
     open_thinking = {}
-    for i, e in enumerate(events):
+    for i, e in enumerate(wire):
         if e.type == "content_block_start" and e.content_block.type == "thinking":
             open_thinking[e.index] = 0
         if e.type == "content_block_delta" and e.delta.type == "signature_delta":
             open_thinking[e.index] += 1
-            assert events[i + 1].type == "content_block_stop"
+            assert wire[i + 1].type == "content_block_stop"
     assert all(n == 1 for n in open_thinking.values())
 
 
