@@ -155,5 +155,25 @@ TEST(QuantLinear, NaNCodesAtDecodeShapes) {
   }
 }
 
+// FP8 block multipliers on both sides of the AVX-512 decode's bound (|s| < 2^8, where s · 2^120 is exact),
+// a subnormal one, and a zero one, at the decode shapes: every level still returns the reference's bits.
+TEST(QuantLinear, Fp8ScaleRangesAtDecodeShapes) {
+  const CpuFeatures features = detect_cpu_features();
+  std::mt19937 rng(17);
+  const int64_t n = 9, k = 200;
+  for (const float s : {255.9f, 256.0f, 3.0e5f, 0x1p-140f, 0.0f}) {
+    auto fp8 = quantize_fp8_block(random_values(n * k, rng).data(), n, k);
+    std::memcpy(fp8.scales.data() + 4 * 1, &s, 4);  // columns 128..199: a 64-column step and a tail
+    const PackedWeight w = fp8.view();
+    for (const int64_t m : {1, 2, 3}) {
+      const auto x = random_values(static_cast<size_t>(m * k), rng);
+      const auto want = run(reference_kernel_table(), w, x, m, k, 0, n, n);
+      for (const Isa isa : vector_levels())
+        expect_same(run(kernel_table(isa, features), w, x, m, k, 0, n, n), want,
+                    "fp8 scale " + std::to_string(s) + " m=" + std::to_string(m) + " " + isa_name(isa));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace xmoe::kernels::quant

@@ -41,9 +41,11 @@ void check_linear_args(const LinearArgs& args, WeightFormat format);
 // scalar decoders of their own (an inline function compiled with AVX-512 flags could be the copy the linker
 // keeps for every caller).
 void fill_scale_table(const PackedWeight& w, float table[256]);
-// Whether every FP8 block multiplier of rows [n0, n1) times 2^8 is exact (|s| < 2^119, not NaN): the vector
-// decode paths fold 2^8 into the multiplier (E4M3 codes decode as binary16 values × 2^-8) only then.
-bool fp8_scales_foldable(const PackedWeight& w, int64_t n0, int64_t n1);
+// Whether every FP8 block multiplier s of rows [n0, n1) has |s| < limit (so not NaN): the vector decode paths
+// fold a power of two into the multiplier only when that product is exact (AVX2: codes decode as binary16
+// values × 2^-8, s · 2^8 needs limit 2^119; AVX-512: codes decode by integer operations as f32 values ×
+// 2^-120, s · 2^120 needs limit 2^8).
+bool fp8_scales_foldable(const PackedWeight& w, int64_t n0, int64_t n1, float limit);
 }  // namespace quant
 
 }  // namespace xmoe::kernels

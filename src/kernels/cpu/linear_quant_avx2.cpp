@@ -448,7 +448,7 @@ void linear(const LinearArgs& a, WeightFormat format) {
   if (a.m <= 3) {
     if constexpr (std::is_same_v<Rows, Fp4Rows>) return stream_fast(Fp4Decoder{}, w, a);
     if constexpr (std::is_same_v<Rows, Fp8Rows>)
-      if (quant::fp8_scales_foldable(*a.w, a.n0, a.n1)) return stream_fast(Fp8Decoder{}, w, a);
+      if (quant::fp8_scales_foldable(*a.w, a.n0, a.n1, 0x1p119f)) return stream_fast(Fp8Decoder{}, w, a);
   }
   switch (a.m) {
     case 1:

@@ -168,10 +168,17 @@ void stream_rows(const Rows& w, const LinearArgs& a) {
   for (; n < a.n1; ++n) tile<MR, 1>(w, n, k, a.x, a.ldx, a.y, a.ldy);
 }
 
-// The decode path's per-block decoders (m ≤ 3): the block multiplier is folded once per block and weight row
-// (FP8: one broadcast of scale · 2^8; FP4: the 16-entry E2M1 table times the multiplier, so a nibble's value
-// and its product with the multiplier come out of one vpermps, the same f32 product as decode-then-multiply),
+// The decode path's per-block decoders (m ≤ 3): the block multiplier is folded once per block and weight row,
 // leaving a handful of vector instructions per 16 weights.
+//  * FP8: a code sign-extended to 32 bits, shifted left by 20 and masked with 0x87F00000 is the f32 whose
+//    bits are S.0000EEEE.MMM0…: the E4M3 value × 2^-120 exactly, normals (exponent bias 127 instead of 7) and
+//    subnormals (an f32 subnormal with the same mantissa) alike. Times the block multiplier · 2^120 (exact
+//    for |s| < 2^8: quant::fp8_scales_foldable) it is the same real number as the reference's product, so it
+//    rounds to the same f32 — provided denormals are not flushed on input (the caller checks MXCSR.DAZ).
+//    NaN codes are tracked, not decoded.
+//  * FP4: see Fp4Decoder.
+constexpr unsigned kDenormalsAreZero = 0x40;  // MXCSR.DAZ
+
 struct Fp8Decoder {
   using Block = __m512;
   // NaN codes (S.1111.111) are tracked instead of decoded: the caller redoes a tile that had one by the exact
@@ -181,7 +188,7 @@ struct Fp8Decoder {
     __m128i max = _mm_setzero_si128();
     bool clean() const { return _mm_movemask_epi8(_mm_cmpeq_epi8(max, _mm_set1_epi8(-1))) == 0; }
   };
-  static Block block(float scale) { return _mm512_set1_ps(scale * 256.0f); }
+  static Block block(float scale) { return _mm512_set1_ps(scale * 0x1p120f); }  // |scale| < 2^8
   static __m512 decode(const uint8_t* row, int64_t p, Block b, Guard& g) {
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + p));
     return finish(raw, b, g);
@@ -189,26 +196,24 @@ struct Fp8Decoder {
   static __m512 decode_tail(const uint8_t* row, int64_t p, Block b, Guard& g, __mmask16 mask) {
     return _mm512_maskz_mov_ps(mask, finish(_mm_maskz_loadu_epi8(mask, row + p), b, g));
   }
-  // Sign-extended to 16 bits, shifted left by 7: bits 7..13 hold E.MMM, bits 14 and 15 the sign; clearing bit
-  // 14 leaves the binary16 whose value is the E4M3 value × 2^-8 (see e4m3_to_ps_times_2m8).
   static __m512 finish(__m128i raw, Block b, Guard& g) {
     g.max = _mm_max_epu8(g.max, _mm_or_si128(raw, _mm_set1_epi8(-128)));
-    const __m256i half = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 7),
-                                          _mm256_set1_epi16(static_cast<short>(0xBF80)));
-    return _mm512_mul_ps(_mm512_maskz_cvtph_ps(0xffff, half), b);
+    const __m512i bits =
+        _mm512_and_si512(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepi8_epi32(0xffff, raw), 20),
+                         _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
+    return _mm512_mul_ps(_mm512_castsi512_ps(bits), b);
   }
 };
 
 // FP4 lanes are kept in a fixed permuted order: 8 bytes broadcast to every qword, each dword shifted right by
 // its own count, leave nibble j (element p + j) in physical lane 2j and nibble 8 + j in lane 2j + 1 (vpermps
-// reads only an index's low 4 bits). x is loaded in the same permutation (one vpermps per step, shared by the
-// NR weight rows) and the accumulators are put back in lane order before the reduction, so every lane's FMA
-// chain is the one linear_lanes.hpp prescribes.
+// reads only an index's low 4 bits). x is put in the same permutation once per call and the accumulators back
+// in lane order before the reduction, so every lane's FMA chain is the one linear_lanes.hpp prescribes.
+// A block's 16 products (E2M1 value × the block's multiplier, the reference's f32 product) come from a table
+// of every scale code's 16 products, built once per call (256 vector products), so the loop has no multiply
+// per block (NVFP4's blocks are a single vector).
 struct Fp4Decoder {
   using Block = __m512;
-  struct Guard {
-    static bool clean() { return true; }
-  };
   // Physical lane 2j holds logical lane j, lane 2j + 1 holds lane 8 + j.
   static __m512i logical_of_physical() {
     return _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
@@ -216,10 +221,15 @@ struct Fp4Decoder {
   static __m512i physical_of_logical() {
     return _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   }
-  __m512 lut = _mm512_loadu_ps(quant::kE2M1Values.data());
+  alignas(64) float products[256][16];
   __m512i shifts = _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
-  Block block(float scale) const { return _mm512_mul_ps(lut, _mm512_set1_ps(scale)); }
-  __m512 decode(const uint8_t* row, int64_t p, Block b, Guard&) const {
+  explicit Fp4Decoder(const Scales& sc) {
+    const __m512 lut = _mm512_loadu_ps(quant::kE2M1Values.data());
+    for (int c = 0; c < 256; ++c)
+      _mm512_store_ps(products[c], _mm512_mul_ps(lut, _mm512_set1_ps(sc.table[c])));
+  }
+  Block block_of_code(uint8_t code) const { return _mm512_load_ps(products[code]); }
+  __m512 decode(const uint8_t* row, int64_t p, Block b) const {
     int64_t q;
     std::memcpy(&q, row + p / 2, 8);
     const __m512i nibbles = _mm512_maskz_srlv_epi32(0xffff, _mm512_set1_epi64(q), shifts);
@@ -227,129 +237,182 @@ struct Fp4Decoder {
   }
 };
 
-// The decode tile: MR (< 4) x rows × NR weight rows, walking k block by block so each row's multiplier is
-// prepared once per block (BC: a compile-time block width for FP4, 0 for the block loop FP8 takes). Returns
-// false when the decoder met a code it leaves to the exact path.
-template <int MR, int NR, int BC, class Dec>
-bool fast_tile(const Dec& dec, const Scales& sc, const uint8_t* data, int64_t row_bytes, int64_t n, int64_t k,
-               const float* x, int64_t ldx, float* y, int64_t ldy, const char* next, int64_t next_bytes) {
-  const int64_t prefetch_step = (next_bytes / ((k + 15) / 16) + 64) / 64 * 64;
-  int64_t prefetched = 0;
+// FP4 decode (m ≤ 3): NR weight rows at a time, 64 columns (4 vectors) per step and row, so the per-row
+// pointers stay in registers and the loop's scalar work (scale codes, a prefetch per row) is spread over 4
+// vectors. x is put in the decoder's lane permutation once per call. The weight two tiles ahead is
+// prefetched into L2 at the same column (rows are contiguous, so that is the tile after next).
+template <int MR, int NR, int BC>
+void fp4_tile(const Fp4Decoder& dec, const uint8_t* data, int64_t row_bytes, const uint8_t* codes,
+              int64_t code_stride, int64_t k, const float* xp, float* y, int64_t ldy,
+              int64_t prefetch_ahead) {
+  const uint8_t* d[NR];
+  const uint8_t* c[NR];
+  for (int j = 0; j < NR; ++j) {
+    d[j] = data + j * row_bytes;
+    c[j] = codes + j * code_stride;
+  }
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  int64_t base[NR];
-  const uint8_t* row[NR];
-  for (int j = 0; j < NR; ++j) {
-    base[j] = sc.row_base(n + j);
-    row[j] = data + (n + j) * row_bytes;
-  }
-  typename Dec::Guard guard;
-  if constexpr (BC > 0) {
-    // Blocks of one or two steps (FP4): the block loop with its step count known at compile time, each row's
-    // table scaled once per block.
-    const __m512i x_perm = Dec::logical_of_physical();
-    const uint8_t* codes[NR];
-    for (int j = 0; j < NR; ++j) codes[j] = reinterpret_cast<const uint8_t*>(sc.w->scales) + base[j];
-    for (int64_t p0 = 0; p0 < k; p0 += BC) {
-      typename Dec::Block mult[NR];
+  // One scale block (BC columns: one or two vectors) of every row.
+  const auto block = [&](int64_t p) {
+    __m512 mult[NR];
 #pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) mult[j] = dec.block(sc.table[codes[j][p0 / BC]]);
+    for (int j = 0; j < NR; ++j) mult[j] = dec.block_of_code(c[j][p / BC]);
 #pragma GCC unroll 2
-      for (int64_t p = p0; p < p0 + BC; p += 16) {
-        for (const int64_t end = std::min(next_bytes, prefetched + prefetch_step); prefetched < end;
-             prefetched += 64)
-          _mm_prefetch(next + prefetched, _MM_HINT_T1);
-        __m512 wv[NR];
+    for (int64_t q = p; q < p + BC; q += 16) {
+      __m512 wv[NR];
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) wv[j] = dec.decode(row[j], p, mult[j], guard);
+      for (int j = 0; j < NR; ++j) wv[j] = dec.decode(d[j], q, mult[j]);
 #pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i) {
-          const __m512 xv = _mm512_maskz_permutexvar_ps(0xffff, x_perm, _mm512_loadu_ps(x + i * ldx + p));
+      for (int i = 0; i < MR; ++i) {
+        const __m512 xv = _mm512_loadu_ps(xp + i * k + q);
 #pragma GCC unroll 8
-          for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-        }
+        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
       }
     }
-  } else {
-    const int64_t block_cols = sc.w->block_cols;
-    int64_t block = 0;
-    for (int64_t p0 = 0; p0 < k; p0 += block_cols, ++block) {
-      typename Dec::Block mult[NR];
+  };
+  int64_t p = 0;
+  for (; p + 64 <= k; p += 64) {
 #pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) mult[j] = dec.block(sc.get(base[j] + block));
-      const int64_t pe = std::min(k, p0 + block_cols);
-      int64_t p = p0;
-      for (; p + 16 <= pe; p += 16) {
-        for (const int64_t end = std::min(next_bytes, prefetched + prefetch_step); prefetched < end;
-             prefetched += 64)
-          _mm_prefetch(next + prefetched, _MM_HINT_T1);
-        __m512 wv[NR];
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) wv[j] = dec.decode(row[j], p, mult[j], guard);
+    for (int j = 0; j < NR; ++j)
+      _mm_prefetch(reinterpret_cast<const char*>(d[j] + p / 2 + prefetch_ahead), _MM_HINT_T1);
 #pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i) {
-          const __m512 xv = _mm512_loadu_ps(x + i * ldx + p);
+    for (int b = 0; b < 64; b += BC) block(p + b);
+  }
+  for (; p < k; p += BC) block(p);
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j)
+      y[i * ldy + j] =
+          reduce16(_mm512_maskz_permutexvar_ps(0xffff, Fp4Decoder::physical_of_logical(), acc[i][j]));
+}
+
+template <int MR, int BC>
+void fp4_stream(const Fp4Decoder& dec, const LinearArgs& a) {
+  constexpr int NR = 4;
+  const PackedWeight& w = *a.w;
+  const int64_t k = w.cols;
+  // x rows in the decoder's lane order (one vpermps per 16 columns here instead of per step and tile).
+  std::vector<float> xp(static_cast<size_t>(MR * k));
+  for (int i = 0; i < MR; ++i)
+    for (int64_t p = 0; p < k; p += 16)
+      _mm512_storeu_ps(xp.data() + i * k + p,
+                       _mm512_maskz_permutexvar_ps(0xffff, Fp4Decoder::logical_of_physical(),
+                                                   _mm512_loadu_ps(a.x + i * a.ldx + p)));
+  const auto* data = reinterpret_cast<const uint8_t*>(w.data);
+  const auto* codes = reinterpret_cast<const uint8_t*>(w.scales);
+  const int64_t ahead = 2 * NR * w.row_bytes;
+  for (int64_t b = 0; b < std::min(ahead, (a.n1 - a.n0) * w.row_bytes); b += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(data + a.n0 * w.row_bytes + b), _MM_HINT_T1);
+  int64_t n = a.n0;
+  for (; n + NR <= a.n1; n += NR)
+    fp4_tile<MR, NR, BC>(dec, data + n * w.row_bytes, w.row_bytes, codes + n * w.scale_row_stride,
+                         w.scale_row_stride, k, xp.data(), a.y + n, a.ldy, ahead);
+  for (; n < a.n1; ++n)
+    fp4_tile<MR, 1, BC>(dec, data + n * w.row_bytes, w.row_bytes, codes + n * w.scale_row_stride,
+                        w.scale_row_stride, k, xp.data(), a.y + n, a.ldy, 0);
+}
+
+// FP8 decode (m ≤ 3), shaped as fp4_tile: NR rows, each scale block walked 64 columns (4 vectors) per step
+// with one prefetch per row and step, then 16-column steps and a masked k tail. Returns false when a NaN code
+// was met (the caller redoes the tile exactly).
+template <int MR, int NR>
+bool fp8_tile(const Scales& sc, const uint8_t* data, int64_t row_bytes, int64_t n, int64_t k, const float* x,
+              int64_t ldx, float* y, int64_t ldy, int64_t prefetch_ahead) {
+  const uint8_t* d[NR];
+  int64_t base[NR];
+  for (int j = 0; j < NR; ++j) {
+    d[j] = data + (n + j) * row_bytes;
+    base[j] = sc.row_base(n + j);
+  }
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-          for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-        }
-      }
-      if (p < pe) {  // FP8's k tail (FP4's k is a multiple of 16)
-        const __mmask16 mask = tail_mask(pe - p);
-        __m512 wv[NR];
-        for (int j = 0; j < NR; ++j) wv[j] = dec.decode_tail(row[j], p, mult[j], guard, mask);
-        for (int i = 0; i < MR; ++i) {
-          const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + p);
-          for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-        }
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  Fp8Decoder::Guard guard;
+  const auto step = [&](int64_t p, const __m512* mult) {
+    __m512 wv[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) wv[j] = Fp8Decoder::decode(d[j], p, mult[j], guard);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_loadu_ps(x + i * ldx + p);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  };
+  const int64_t block_cols = sc.w->block_cols;
+  int64_t block = 0;
+  for (int64_t p0 = 0; p0 < k; p0 += block_cols, ++block) {
+    __m512 mult[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) mult[j] = Fp8Decoder::block(sc.get(base[j] + block));
+    const int64_t pe = std::min(k, p0 + block_cols);
+    int64_t p = p0;
+    for (; p + 64 <= pe; p += 64) {
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(d[j] + p + prefetch_ahead), _MM_HINT_T1);
+#pragma GCC unroll 4
+      for (int v = 0; v < 64; v += 16) step(p + v, mult);
+    }
+    for (; p + 16 <= pe; p += 16) step(p, mult);
+    if (p < pe) {  // the k tail
+      const __mmask16 mask = tail_mask(pe - p);
+      __m512 wv[NR];
+      for (int j = 0; j < NR; ++j) wv[j] = Fp8Decoder::decode_tail(d[j], p, mult[j], guard, mask);
+      for (int i = 0; i < MR; ++i) {
+        const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + p);
+        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
       }
     }
   }
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) {
-      if constexpr (BC > 0)  // FP4's lanes back in order
-        acc[i][j] = _mm512_maskz_permutexvar_ps(0xffff, Dec::physical_of_logical(), acc[i][j]);
-      y[i * ldy + n + j] = reduce16(acc[i][j]);
-    }
+    for (int j = 0; j < NR; ++j) y[i * ldy + n + j] = reduce16(acc[i][j]);
   return guard.clean();
 }
 
-// Decode with the per-block decoders; a tile the decoder declines is redone by the exact tile over `exact`.
-template <int MR, int NR, int BC, class Dec, class Rows>
-void stream_rows_fast(const Dec& dec, const Rows& exact, const LinearArgs& a) {
+template <int MR>
+void fp8_stream(const Fp8Rows& w, const LinearArgs& a) {
+  constexpr int NR = 4;
   const int64_t k = a.w->cols;
-  const auto rows_bytes = [&](int64_t b, int64_t e) { return (e - b) * exact.row_bytes; };
-  const auto row_ptr = [&](int64_t r) {
-    return reinterpret_cast<const char*>(exact.data + r * exact.row_bytes);
-  };
-  for (int64_t b = 0; b < rows_bytes(a.n0, std::min(a.n1, a.n0 + 2 * NR)); b += 64)
-    _mm_prefetch(row_ptr(a.n0) + b, _MM_HINT_T1);
-  const auto run = [&]<int R>(int64_t n, const char* next, int64_t next_bytes) {
-    if (!fast_tile<MR, R, BC>(dec, exact.scales, exact.data, exact.row_bytes, n, k, a.x, a.ldx, a.y, a.ldy,
-                              next, next_bytes))
-      tile<MR, R>(exact, n, k, a.x, a.ldx, a.y, a.ldy);
-  };
+  const int64_t ahead = 2 * NR * w.row_bytes;
+  for (int64_t b = 0; b < std::min(ahead, (a.n1 - a.n0) * w.row_bytes); b += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(w.data + a.n0 * w.row_bytes + b), _MM_HINT_T1);
   int64_t n = a.n0;
   for (; n + NR <= a.n1; n += NR) {
-    const int64_t next_begin = std::min(a.n1, n + 2 * NR), next_end = std::min(a.n1, n + 3 * NR);
-    exact.prefetch_scales(next_begin, next_end);
-    run.template operator()<NR>(n, row_ptr(next_begin), rows_bytes(next_begin, next_end));
+    w.prefetch_scales(std::min(a.n1, n + 2 * NR), std::min(a.n1, n + 3 * NR));
+    if (!fp8_tile<MR, NR>(w.scales, w.data, w.row_bytes, n, k, a.x, a.ldx, a.y, a.ldy, ahead))
+      tile<MR, NR>(w, n, k, a.x, a.ldx, a.y, a.ldy);
   }
-  for (; n < a.n1; ++n) run.template operator()<1>(n, nullptr, 0);
+  for (; n < a.n1; ++n)
+    if (!fp8_tile<MR, 1>(w.scales, w.data, w.row_bytes, n, k, a.x, a.ldx, a.y, a.ldy, 0))
+      tile<MR, 1>(w, n, k, a.x, a.ldx, a.y, a.ldy);
 }
 
-// BC: the block width when a block is one or two steps (FP4), 0 for the block loop (FP8).
-template <int BC, class Dec, class Rows>
-void stream_fast(const Dec& dec, const Rows& w, const LinearArgs& a) {
+void fp8_decode(const Fp8Rows& w, const LinearArgs& a) {
   switch (a.m) {
     case 1:
-      return stream_rows_fast<1, 8, BC>(dec, w, a);
+      return fp8_stream<1>(w, a);
     case 2:
-      return stream_rows_fast<2, 8, BC>(dec, w, a);
+      return fp8_stream<2>(w, a);
     default:
-      return stream_rows_fast<3, 4, BC>(dec, w, a);
+      return fp8_stream<3>(w, a);
+  }
+}
+
+template <int BC>
+void fp4_decode(const Fp4Decoder& dec, const LinearArgs& a) {
+  switch (a.m) {
+    case 1:
+      return fp4_stream<1, BC>(dec, a);
+    case 2:
+      return fp4_stream<2, BC>(dec, a);
+    default:
+      return fp4_stream<3, BC>(dec, a);
   }
 }
 
@@ -444,11 +507,13 @@ void linear(const LinearArgs& a, WeightFormat format) {
   const Rows w(*a.w);
   if (a.m <= 3) {
     if constexpr (std::is_same_v<Rows, Fp4Rows>) {
-      if (format == WeightFormat::mxfp4) return stream_fast<32>(Fp4Decoder{}, w, a);
-      return stream_fast<16>(Fp4Decoder{}, w, a);
+      const Fp4Decoder dec(w.scales);
+      if (format == WeightFormat::mxfp4) return fp4_decode<32>(dec, a);
+      return fp4_decode<16>(dec, a);
     }
     if constexpr (std::is_same_v<Rows, Fp8Rows>)
-      if (quant::fp8_scales_foldable(*a.w, a.n0, a.n1)) return stream_fast<0>(Fp8Decoder{}, w, a);
+      if (quant::fp8_scales_foldable(*a.w, a.n0, a.n1, 0x1p8f) && (_mm_getcsr() & kDenormalsAreZero) == 0)
+        return fp8_decode(w, a);
   }
   switch (a.m) {
     case 1:

@@ -20,11 +20,11 @@ void fill_scale_table(const PackedWeight& w, float table[256]) {
   }
 }
 
-bool fp8_scales_foldable(const PackedWeight& w, int64_t n0, int64_t n1) {
+bool fp8_scales_foldable(const PackedWeight& w, int64_t n0, int64_t n1, float limit) {
   const int64_t blocks = (w.cols + w.block_cols - 1) / w.block_cols;
   for (int64_t r = n0 / w.block_rows; r * w.block_rows < n1; ++r)
     for (int64_t b = 0; b < blocks; ++b)
-      if (!(std::fabs(decode_scale(w.scale_type, w.scales, r * w.scale_row_stride + b)) < 0x1p119f))
+      if (!(std::fabs(decode_scale(w.scale_type, w.scales, r * w.scale_row_stride + b)) < limit))
         return false;
   return true;
 }
