@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string_view>
 
@@ -56,6 +57,31 @@ std::string where(const std::string& path) {
 std::string where(const std::string& path, const std::string& tensor) {
   return "safetensors: " + path + ": tensor '" + tensor + "': ";
 }
+
+// A SAX pass that finds the first repeated key of the top-level object.
+struct DuplicateTopLevelKey : json::json_sax_t {
+  int depth = 0;
+  std::set<std::string> seen;
+  std::optional<std::string> duplicate;
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return ++depth, true; }
+  bool end_object() override { return --depth, true; }
+  bool start_array(std::size_t) override { return ++depth, true; }
+  bool end_array() override { return --depth, true; }
+  bool key(string_t& k) override {
+    if (depth == 1 && !duplicate && !seen.insert(k).second) duplicate = k;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;
+  }
+};
 
 // JSON integers come back as unsigned, signed or float depending on their text; only a non-negative integer
 // literal is a valid size or offset.
@@ -199,29 +225,20 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   f.data_ = base + 8 + n;
   f.data_size_ = static_cast<size_t>(size - 8 - n);
 
-  // nlohmann keeps the last of duplicate keys; a repeated tensor name would silently shadow the first, so
-  // catch it while parsing.
-  std::string duplicate;
-  bool has_duplicate = false;
-  std::set<std::string> seen;
-  json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (depth == 1 && event == json::parse_event_t::key && !has_duplicate) {
-      std::string key = parsed.get<std::string>();
-      if (!seen.insert(key).second) {
-        has_duplicate = true;
-        duplicate = std::move(key);
-      }
-    }
-    return true;
-  };
   json header;
   try {
-    header = json::parse(hdr, hdr + n, cb);
+    header = json::parse(hdr, hdr + n);
   } catch (const json::exception& e) {
     throw Error(at + "header is not valid JSON (UTF-8): " + e.what());
   }
   XMOE_CHECK(header.is_object(), at, "header must be a JSON object, got ", header.type_name());
-  XMOE_CHECK(!has_duplicate, at, "header: duplicate key '", duplicate, "'");
+  // nlohmann keeps the last of duplicate keys; a repeated tensor name would silently shadow the first, so a
+  // second (SAX) pass looks for one. Not a parser callback: with one, nlohmann scans the parent object for
+  // discarded values at the end of every child, quadratic in the tensor count (seconds for an NVFP4 model's
+  // four tensors per linear).
+  DuplicateTopLevelKey finder;
+  json::sax_parse(hdr, hdr + n, &finder);
+  XMOE_CHECK(!finder.duplicate, at, "header: duplicate key '", finder.duplicate.value_or(""), "'");
 
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
