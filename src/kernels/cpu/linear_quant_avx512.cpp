@@ -229,9 +229,10 @@ struct Fp4Decoder {
       _mm512_store_ps(products[c], _mm512_mul_ps(lut, _mm512_set1_ps(sc.table[c])));
   }
   Block block_of_code(uint8_t code) const { return _mm512_load_ps(products[code]); }
-  __m512 decode(const uint8_t* row, int64_t p, Block b) const {
+  // The 16 elements whose 8 bytes start at `bytes`.
+  __m512 decode(const uint8_t* bytes, Block b) const {
     int64_t q;
-    std::memcpy(&q, row + p / 2, 8);
+    std::memcpy(&q, bytes, 8);
     const __m512i nibbles = _mm512_maskz_srlv_epi32(0xffff, _mm512_set1_epi64(q), shifts);
     return _mm512_maskz_permutexvar_ps(0xffff, nibbles, b);
   }
@@ -256,33 +257,45 @@ void fp4_tile(const Fp4Decoder& dec, const uint8_t* data, int64_t row_bytes, con
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  // One scale block (BC columns: one or two vectors) of every row.
-  const auto block = [&](int64_t p) {
+  // One scale block (BC columns: one or two vectors) of every row at column offset `off` from the row
+  // pointers, which advance by whole steps (constant offsets inside a step keep the addressing simple).
+  const float* xq = xp;
+  const auto block = [&](int off) {
     __m512 mult[NR];
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) mult[j] = dec.block_of_code(c[j][p / BC]);
+    for (int j = 0; j < NR; ++j) mult[j] = dec.block_of_code(c[j][off / BC]);
 #pragma GCC unroll 2
-    for (int64_t q = p; q < p + BC; q += 16) {
+    for (int q = off; q < off + BC; q += 16) {
       __m512 wv[NR];
 #pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) wv[j] = dec.decode(d[j], q, mult[j]);
+      for (int j = 0; j < NR; ++j) wv[j] = dec.decode(d[j] + q / 2, mult[j]);
 #pragma GCC unroll 4
       for (int i = 0; i < MR; ++i) {
-        const __m512 xv = _mm512_loadu_ps(xp + i * k + q);
+        const __m512 xv = _mm512_loadu_ps(xq + i * k + q);
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
       }
     }
   };
-  int64_t p = 0;
-  for (; p + 64 <= k; p += 64) {
+  const auto advance = [&](int cols) {
+    for (int j = 0; j < NR; ++j) {
+      d[j] += cols / 2;
+      c[j] += cols / BC;
+    }
+    xq += cols;
+  };
+  for (int64_t steps = k / 64; steps > 0; --steps) {
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j)
-      _mm_prefetch(reinterpret_cast<const char*>(d[j] + p / 2 + prefetch_ahead), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(d[j] + prefetch_ahead), _MM_HINT_T1);
 #pragma GCC unroll 4
-    for (int b = 0; b < 64; b += BC) block(p + b);
+    for (int b = 0; b < 64; b += BC) block(b);
+    advance(64);
   }
-  for (; p < k; p += BC) block(p);
+  for (int64_t left = k % 64; left > 0; left -= BC) {
+    block(0);
+    advance(BC);
+  }
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j)
       y[i * ldy + j] =
