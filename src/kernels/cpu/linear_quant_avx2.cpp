@@ -199,7 +199,7 @@ struct Fp8Decoder {
     __m128i max = _mm_setzero_si128();
     bool clean() const { return _mm_movemask_epi8(_mm_cmpeq_epi8(max, _mm_set1_epi8(-1))) == 0; }
   };
-  static Block block(float scale) { return _mm256_set1_ps(scale * 256.0f); }
+  static Block block_at(const Scales& sc, int64_t index) { return _mm256_set1_ps(sc.get(index) * 256.0f); }
   static V16 decode(const uint8_t* row, int64_t p, Block b, Guard& g) {
     return finish(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + p)), b, g);
   }
@@ -231,13 +231,26 @@ struct Fp4Decoder {
   struct Guard {
     static bool clean() { return true; }
   };
-  __m256 magnitudes = _mm256_loadu_ps(quant::kE2M1Values.data());
+  // products[c][i] = the E2M1 magnitude i times scale code c's multiplier (the reference's f32 product), with
+  // i << 28 xor-ed into its bits: a nibble shifted left by 28 then xor-s in its sign and cancels those bits
+  // again, so a lookup is one vpermps, one shift and one xor. Built once per call (256 products of 8).
+  alignas(32) float products[256][8];
   __m256i shifts_a = _mm256_setr_epi32(0, 0, 4, 4, 16, 16, 20, 20);
   __m256i shifts_b = _mm256_setr_epi32(8, 8, 12, 12, 24, 24, 28, 28);
-  Block block(float scale) const { return _mm256_mul_ps(magnitudes, _mm256_set1_ps(scale)); }
+  explicit Fp4Decoder(const Scales& sc) {
+    const __m256 magnitudes = _mm256_loadu_ps(quant::kE2M1Values.data());
+    const __m256i index_bits =
+        _mm256_setr_epi32(0, 1 << 28, 2 << 28, 3 << 28, 4 << 28, 5 << 28, 6 << 28, 7 << 28);
+    for (int c = 0; c < 256; ++c)
+      _mm256_store_ps(products[c], _mm256_xor_ps(_mm256_mul_ps(magnitudes, _mm256_set1_ps(sc.table[c])),
+                                                 _mm256_castsi256_ps(index_bits)));
+  }
+  Block block_at(const Scales& sc, int64_t index) const {
+    return _mm256_load_ps(products[static_cast<uint8_t>(sc.w->scales[index])]);
+  }
   static __m256 lookup(__m256i nibbles, Block b) {
-    const __m256i sign = _mm256_and_si256(_mm256_slli_epi32(nibbles, 28), _mm256_set1_epi32(INT32_MIN));
-    return _mm256_xor_ps(_mm256_permutevar8x32_ps(b, nibbles), _mm256_castsi256_ps(sign));
+    return _mm256_xor_ps(_mm256_permutevar8x32_ps(b, nibbles),
+                         _mm256_castsi256_ps(_mm256_slli_epi32(nibbles, 28)));
   }
   V16 decode(const uint8_t* row, int64_t p, Block b, Guard&) const {
     int64_t q;
@@ -294,7 +307,7 @@ bool fast_tile(const Dec& dec, const Scales& sc, const uint8_t* data, int64_t ro
   for (int64_t p0 = 0; p0 < k; p0 += block_cols, ++block) {
     typename Dec::Block mult[NR];
 #pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) mult[j] = dec.block(sc.get(base[j] + block));
+    for (int j = 0; j < NR; ++j) mult[j] = dec.block_at(sc, base[j] + block);
     const int64_t pe = std::min(k, p0 + block_cols);
     int64_t p = p0;
     for (; p + 16 <= pe; p += 16) step(p, mult, full, 16);
@@ -446,7 +459,7 @@ void linear(const LinearArgs& a, WeightFormat format) {
   if (a.m == 0 || a.n0 == a.n1) return;
   const Rows w(*a.w);
   if (a.m <= 3) {
-    if constexpr (std::is_same_v<Rows, Fp4Rows>) return stream_fast(Fp4Decoder{}, w, a);
+    if constexpr (std::is_same_v<Rows, Fp4Rows>) return stream_fast(Fp4Decoder(w.scales), w, a);
     if constexpr (std::is_same_v<Rows, Fp8Rows>)
       if (quant::fp8_scales_foldable(*a.w, a.n0, a.n1, 0x1p119f)) return stream_fast(Fp8Decoder{}, w, a);
   }
