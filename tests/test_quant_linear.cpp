@@ -3,6 +3,7 @@
 // NaN element and scale codes; and each output independent of the rest of its batch (its order depends only
 // on k). The reference itself is checked against PyTorch in test_quant_formats.cpp.
 #include <gtest/gtest.h>
+#include <xmmintrin.h>
 
 #include <random>
 #include <string>
@@ -173,6 +174,28 @@ TEST(QuantLinear, Fp8ScaleRangesAtDecodeShapes) {
                     "fp8 scale " + std::to_string(s) + " m=" + std::to_string(m) + " " + isa_name(isa));
     }
   }
+}
+
+// With denormals-are-zero set (as some libraries leave MXCSR), every level still returns the reference's bits
+// for E4M3 subnormal codes at the decode shapes (the AVX-512 decode's f32 intermediates are subnormal, so it
+// must not run then).
+TEST(QuantLinear, Fp8SubnormalCodesUnderDenormalsAreZero) {
+  const CpuFeatures features = detect_cpu_features();
+  if (vector_levels().empty()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(19);
+  const int64_t n = 8, k = 128;
+  auto fp8 = quantize_fp8_block(random_values(n * k, rng).data(), n, k);
+  for (int64_t i = 0; i < n * k; ++i) fp8.data[i] = static_cast<uint8_t>((i % 7) + 1 + (i % 2) * 0x80);
+  const PackedWeight w = fp8.view();
+  const auto x = random_values(static_cast<size_t>(k), rng);
+  const auto want = run(reference_kernel_table(), w, x, 1, k, 0, n, n);
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x40);  // DAZ
+  std::vector<std::vector<float>> got;
+  for (const Isa isa : vector_levels()) got.push_back(run(kernel_table(isa, features), w, x, 1, k, 0, n, n));
+  _mm_setcsr(csr);
+  for (const auto& g : got) expect_same(g, want, "fp8 subnormal codes under DAZ");
+  for (const float v : want) EXPECT_NE(v, 0.0f);
 }
 
 }  // namespace
