@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <exception>
 
 #include "kernels/linear.hpp"
 #include "xmoe/error.hpp"
@@ -20,8 +21,7 @@ constexpr double kMacsPerThread = 1 << 16;
 // Rows per activation work item.
 constexpr int64_t kActivationRows = 16;
 
-// The kernels run inside a parallel region, where an exception cannot propagate: a format the table has no
-// kernel for is named up front instead.
+// A format the table has no kernel for is named when the experts are built, not at their first batch.
 void check_kernel(const kernels::KernelTable& table, const kernels::PackedWeight& w, size_t expert,
                   const char* what) {
   XMOE_CHECK(w.rows == 0 || table.linear[static_cast<size_t>(w.format)] != nullptr, "packed experts: expert ",
@@ -147,18 +147,30 @@ void PackedSwigluExperts::forward_rows(const float* x, std::span<const ExpertRan
         for (int64_t j = t.n0; j < t.n1; ++j) ye[i * M + j] += w.down_bias[static_cast<size_t>(j)];
   };
 
+  // An exception cannot leave a parallel region: the first one is kept and rethrown after it.
+  std::exception_ptr failure;
+  const auto guarded = [&](const auto& run) {
+    try {
+      run();
+    } catch (...) {
+#pragma omp critical(packed_experts_failure)
+      if (!failure) failure = std::current_exception();
+    }
+  };
   const auto gate_up_count = static_cast<int64_t>(gate_up_tiles_.size());
   const auto chunk_count = static_cast<int64_t>(row_chunks_.size());
   const auto down_count = static_cast<int64_t>(down_tiles_.size());
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < gate_up_count; ++i) gate_up_tile(gate_up_tiles_[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < gate_up_count; ++i)
+      guarded([&] { gate_up_tile(gate_up_tiles_[static_cast<size_t>(i)]); });
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < chunk_count; ++i) activation_rows(row_chunks_[static_cast<size_t>(i)]);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < down_count; ++i) down_tile(down_tiles_[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < down_count; ++i) guarded([&] { down_tile(down_tiles_[static_cast<size_t>(i)]); });
   }
+  if (failure) std::rethrow_exception(failure);
 }
 
 }  // namespace xmoe::moe

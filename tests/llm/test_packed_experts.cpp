@@ -23,6 +23,7 @@
 #include "moe/expert_tiles.hpp"
 #include "moe/packed_experts.hpp"
 #include "xmoe/dtype.hpp"
+#include "xmoe/error.hpp"
 
 namespace xmoe::moe {
 namespace {
@@ -313,6 +314,25 @@ TEST(PackedExperts, InterleavedWithBiasesBf16) {
 }
 TEST(PackedExperts, InterleavedWithBiasesMxfp4) {
   check(WeightFormat::mxfp4, ExpertDescriptor::gpt_oss(1.702f, 7.0f));
+}
+
+// A kernel's error inside the parallel schedule comes out as the error it threw (not std::terminate).
+TEST(PackedExperts, KernelErrorInsideTheScheduleIsThrown) {
+  ExpertSet s(WeightFormat::fp8_block, ExpertDescriptor::qwen3(), kExperts, kModel, kHidden, 17);
+  s.weights[5].down.scales = nullptr;
+  const Routing routing = routings()[0];
+  std::mt19937 rng(5);
+  const std::vector<float> x = random_values(static_cast<size_t>(routing.rows * kModel), rng, 1.0f);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(3);
+  try {
+    run_schedule(s, kernels::best_kernel_table(kernels::detect_cpu_features()), x, routing.ranges,
+                 routing.rows);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("without data or scales"), std::string::npos) << e.what();
+  }
+  omp_set_num_threads(saved);
 }
 
 // The plan: every column of every nonempty range in exactly one tile, edges on kTileColumns, and a heavily
