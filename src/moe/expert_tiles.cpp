@@ -22,7 +22,10 @@ void plan_expert_tiles(std::span<const ExpertRange> ranges, int64_t n, int threa
     const int64_t rows = ranges[i].end - ranges[i].begin;
     if (rows <= 0) continue;
     const int64_t width = std::max(2 * kTileColumns, target / (rows + kWeightCostRows));
-    const int64_t count = std::max<int64_t>(1, std::min(n / kTileColumns, (n + width - 1) / width));
+    // At least one tile per thread, so the threads stream one expert's weight side by side (decode's
+    // bandwidth-bound experts run as fast as the old column split of each product).
+    const int64_t wanted = std::max<int64_t>(threads, (n + width - 1) / width);
+    const int64_t count = std::max<int64_t>(1, std::min(n / kTileColumns, wanted));
     // Nearly equal tiles with edges on kTileColumns (the last one takes the remainder).
     const int64_t units = (n + kTileColumns - 1) / kTileColumns;
     for (int64_t t = 0; t < count; ++t) {

@@ -24,8 +24,9 @@ inline constexpr int64_t kWeightCostRows = 4;
 inline constexpr int64_t kTileColumns = 16;
 
 // Tiles covering columns [0, n) of every nonempty range once, in range order then column order, each of
-// about total cost / (threads · tiles_per_thread) (never narrower than 2 · kTileColumns, never across
-// ranges). One thread gets one tile per range.
+// about total cost / (threads · 8) (never narrower than 2 · kTileColumns, never across ranges), and at least
+// `threads` per range where n allows, so the threads stream a lightly routed expert's weight side by side.
+// One thread: one tile per range.
 void plan_expert_tiles(std::span<const ExpertRange> ranges, int64_t n, int threads,
                        std::vector<ExpertTile>& tiles);
 

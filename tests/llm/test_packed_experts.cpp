@@ -335,8 +335,9 @@ TEST(PackedExperts, KernelErrorInsideTheScheduleIsThrown) {
   omp_set_num_threads(saved);
 }
 
-// The plan: every column of every nonempty range in exactly one tile, edges on kTileColumns, and a heavily
-// routed expert cut finer than a lightly routed one so tiles cost about the same.
+// The plan: every column of every nonempty range in exactly one tile, edges on kTileColumns, at least one
+// tile per thread for every range, and a heavily routed expert cut finer than a lightly routed one so tiles
+// cost about the same.
 TEST(ExpertTiles, CoverEachColumnOnceBalancedByRows) {
   const std::vector<ExpertRange> ranges = {{0, 0, 200}, {1, 200, 201}, {2, 201, 201}, {3, 201, 233}};
   for (const int64_t n : {int64_t{20}, int64_t{320}, int64_t{1536}}) {
@@ -361,6 +362,7 @@ TEST(ExpertTiles, CoverEachColumnOnceBalancedByRows) {
       if (threads > 1 && n == 1536) {
         EXPECT_GT(count[0], count[3]);
         EXPECT_GT(count[3], count[1]);
+        EXPECT_EQ(count[1], threads);  // a light expert still gets one tile per thread
         // The largest tile costs at most twice the smallest one that could be split further.
         double most = 0, least = 1e300;
         for (const ExpertTile& t : tiles) {
@@ -368,7 +370,7 @@ TEST(ExpertTiles, CoverEachColumnOnceBalancedByRows) {
               double(ranges[static_cast<size_t>(t.range)].end - ranges[static_cast<size_t>(t.range)].begin);
           const double cost = double(t.n1 - t.n0) * (rows + kWeightCostRows);
           most = std::max(most, cost);
-          if (count[static_cast<size_t>(t.range)] > 1) least = std::min(least, cost);
+          if (count[static_cast<size_t>(t.range)] > threads) least = std::min(least, cost);  // cut by cost
         }
         EXPECT_LT(most, 2.0 * least);
       }

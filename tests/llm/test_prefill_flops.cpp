@@ -4,6 +4,7 @@
 // config.json's own head dims and layer types.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
