@@ -8,11 +8,29 @@
 
 namespace xmoe::kernels {
 
-void linear_forward(const KernelTable& table, const PackedWeight& w, const float* x, int64_t m, int64_t ldx,
-                    float* y, int64_t ldy) {
+namespace {
+
+LinearFn kernel_for(const KernelTable& table, const PackedWeight& w) {
   const LinearFn fn = table.linear[static_cast<size_t>(w.format)];
   XMOE_CHECK(fn != nullptr, "linear: no ", isa_name(table.isa), " kernel for weights in format ",
              weight_format_name(w.format));
+  return fn;
+}
+
+}  // namespace
+
+void linear_forward_columns(const KernelTable& table, const PackedWeight& w, const float* x, int64_t m,
+                            int64_t ldx, int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  const LinearFn fn = kernel_for(table, w);
+  XMOE_CHECK(0 <= n0 && n0 <= n1 && n1 <= w.rows, "linear: output columns [", n0, ", ", n1, ") outside [0, ",
+             w.rows, ")");
+  if (m == 0 || n0 == n1) return;
+  fn(LinearArgs{x, m, ldx, &w, n0, n1, y, ldy});
+}
+
+void linear_forward(const KernelTable& table, const PackedWeight& w, const float* x, int64_t m, int64_t ldx,
+                    float* y, int64_t ldy) {
+  const LinearFn fn = kernel_for(table, w);
   const int64_t n = w.rows;
   if (m == 0 || n == 0) return;
   LinearArgs args{x, m, ldx, &w, 0, n, y, ldy};

@@ -14,6 +14,11 @@ namespace xmoe::kernels {
 // (≥ w.rows). Throws naming the format when the table has no kernel for it.
 void linear_forward(const KernelTable& table, const PackedWeight& w, const float* x, int64_t m, int64_t ldx,
                     float* y, int64_t ldy);
+// Output columns [n0, n1) of linear_forward on the calling thread alone, for callers that schedule many
+// products over their own threads (the experts of a MoE layer). Any column split gives the bits of the whole
+// product: each output's summation order depends only on k.
+void linear_forward_columns(const KernelTable& table, const PackedWeight& w, const float* x, int64_t m,
+                            int64_t ldx, int64_t n0, int64_t n1, float* y, int64_t ldy);
 // Dense x [m, w.cols] and y [m, w.rows].
 inline void linear_forward(const KernelTable& table, const PackedWeight& w, const float* x, int64_t m,
                            float* y) {

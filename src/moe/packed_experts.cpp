@@ -1,7 +1,11 @@
 #include "moe/packed_experts.hpp"
 
+#include <omp.h>
+
+#include <algorithm>
+#include <exception>
+
 #include "kernels/linear.hpp"
-#include "moe/parallel.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::moe {
@@ -10,6 +14,19 @@ namespace {
 
 bool has_shape(const kernels::PackedWeight& w, int64_t rows, int64_t cols) {
   return w.rows == rows && w.cols == cols;
+}
+
+// Multiply-adds a thread must get before another one pays for its start (the linear driver's figure).
+constexpr double kMacsPerThread = 1 << 16;
+// Rows per activation work item.
+constexpr int64_t kActivationRows = 16;
+
+// A format the table has no kernel for is named when the experts are built, not at their first batch.
+void check_kernel(const kernels::KernelTable& table, const kernels::PackedWeight& w, size_t expert,
+                  const char* what) {
+  XMOE_CHECK(w.rows == 0 || table.linear[static_cast<size_t>(w.format)] != nullptr, "packed experts: expert ",
+             expert, " ", what, ": no ", kernels::isa_name(table.isa), " kernel for weights in format ",
+             kernels::weight_format_name(w.format));
 }
 
 }  // namespace
@@ -49,52 +66,111 @@ PackedSwigluExperts::PackedSwigluExperts(std::vector<SwigluWeights> experts,
                "packed experts: expert ", e, " has a gate_up bias of ", w.gate_up_bias.size(),
                " and a down bias of ", w.down_bias.size(), " values; ", descriptor_.describe(), " needs ",
                descriptor_.gate_up_bias ? 2 * I : 0, " and ", descriptor_.down_bias ? M : 0);
+    check_kernel(table, w.gate, e, "gate");
+    check_kernel(table, w.up, e, "up");
+    check_kernel(table, w.gate_up, e, "gate_up");
+    check_kernel(table, w.down, e, "down");
   }
 }
 
 void PackedSwigluExperts::forward_rows(const float* x, std::span<const ExpertRange> ranges, int64_t R,
                                        float* y) {
   const int64_t M = model_dim_, I = hidden_;
+  int64_t routed_rows = 0;
+  for (const ExpertRange& rg : ranges) {
+    XMOE_CHECK(
+        rg.expert >= 0 && rg.expert < num_experts() && rg.begin >= 0 && rg.end >= rg.begin && rg.end <= R,
+        "packed experts: bad row range [", rg.begin, ", ", rg.end, ") of expert ", rg.expert, " (",
+        num_experts(), " experts, ", R, " rows)");
+    routed_rows += rg.end - rg.begin;
+  }
+  if (routed_rows == 0) return;
   // plain SwiGLU over gate-then-up rows keeps the kernel table's vector silu_mul (Qwen3's bits)
   const bool table_silu = descriptor_.activation == GatedActivation::swiglu &&
                           descriptor_.gate_up_layout == GateUpLayout::separate;
   // Gate and up outputs side by side, in the weight's row order (separate: gate [0, I) then up [I, 2I)).
   float* gu = gu_.ensure(static_cast<size_t>(R * 2 * I));
   float* act = act_.ensure(static_cast<size_t>(R * I));
-  for (const ExpertRange& rg : ranges) {
-    const int64_t r0 = rg.begin, r = rg.end - rg.begin;
-    XMOE_CHECK(rg.expert >= 0 && rg.expert < num_experts() && r0 >= 0 && r >= 0 && rg.end <= R,
-               "packed experts: bad row range");
-    if (r == 0) continue;
+
+  // One parallel schedule for the whole layer: (expert, column tile) items of gate_up, the activation by
+  // row chunks, then (expert, column tile) items of down. The same items run for any team, each output
+  // computed by the one item that owns it, so the team size changes no bit.
+  const double macs = static_cast<double>(routed_rows) * static_cast<double>(3 * I * M);
+  const int threads =
+      omp_in_parallel()
+          ? 1
+          : static_cast<int>(std::clamp(macs / kMacsPerThread, 1.0, double(omp_get_max_threads())));
+  plan_expert_tiles(ranges, 2 * I, threads, gate_up_tiles_);
+  plan_expert_tiles(ranges, M, threads, down_tiles_);
+  row_chunks_.clear();
+  for (const ExpertRange& rg : ranges)
+    for (int64_t r0 = rg.begin; r0 < rg.end; r0 += kActivationRows)
+      row_chunks_.push_back({rg.expert, r0, std::min(rg.end, r0 + kActivationRows)});
+
+  const auto gate_up_tile = [&](const ExpertTile& t) {
+    const ExpertRange& rg = ranges[static_cast<size_t>(t.range)];
     const auto e = static_cast<size_t>(rg.expert);
-    const SwigluWeights& w = experts_[e];
-    const float* xe = x + r0 * M;
-    float* g = gu + r0 * 2 * I;
+    const int64_t r = rg.end - rg.begin;
+    const float* xe = x + rg.begin * M;
+    float* g = gu + rg.begin * 2 * I;
     if (joined_[e]) {
-      kernels::linear_forward(*table_, gate_up_[e], xe, r, M, g, 2 * I);
-    } else {
-      kernels::linear_forward(*table_, w.gate, xe, r, M, g, 2 * I);
-      kernels::linear_forward(*table_, w.up, xe, r, M, g + I, 2 * I);
+      kernels::linear_forward_columns(*table_, gate_up_[e], xe, r, M, t.n0, t.n1, g, 2 * I);
+      return;
     }
-    parallel_rows(r, 16, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) {
-        float* row = g + i * 2 * I;
-        if (!w.gate_up_bias.empty())
-          for (int64_t j = 0; j < 2 * I; ++j) row[j] += w.gate_up_bias[static_cast<size_t>(j)];
-        if (table_silu)
-          table_->silu_mul_f32(row, row + I, act + (r0 + i) * I, I);
-        else
-          gated_activation_row(descriptor_, row, act + (r0 + i) * I, I);
-      }
-    });
-    float* ye = y + r0 * M;
-    kernels::linear_forward(*table_, w.down, act + r0 * I, r, I, ye, M);
+    // Columns [0, I) are gate's rows, [I, 2I) up's.
+    const SwigluWeights& w = experts_[e];
+    if (t.n0 < I)
+      kernels::linear_forward_columns(*table_, w.gate, xe, r, M, t.n0, std::min(t.n1, I), g, 2 * I);
+    if (t.n1 > I)
+      kernels::linear_forward_columns(*table_, w.up, xe, r, M, std::max(t.n0, I) - I, t.n1 - I, g + I, 2 * I);
+  };
+  const auto activation_rows = [&](const ExpertRange& chunk) {
+    const SwigluWeights& w = experts_[static_cast<size_t>(chunk.expert)];
+    for (int64_t i = chunk.begin; i < chunk.end; ++i) {
+      float* row = gu + i * 2 * I;
+      if (!w.gate_up_bias.empty())
+        for (int64_t j = 0; j < 2 * I; ++j) row[j] += w.gate_up_bias[static_cast<size_t>(j)];
+      if (table_silu)
+        table_->silu_mul_f32(row, row + I, act + i * I, I);
+      else
+        gated_activation_row(descriptor_, row, act + i * I, I);
+    }
+  };
+  const auto down_tile = [&](const ExpertTile& t) {
+    const ExpertRange& rg = ranges[static_cast<size_t>(t.range)];
+    const SwigluWeights& w = experts_[static_cast<size_t>(rg.expert)];
+    const int64_t r = rg.end - rg.begin;
+    float* ye = y + rg.begin * M;
+    kernels::linear_forward_columns(*table_, w.down, act + rg.begin * I, r, I, t.n0, t.n1, ye, M);
     if (!w.down_bias.empty())
-      parallel_rows(r, 16, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i)
-          for (int64_t j = 0; j < M; ++j) ye[i * M + j] += w.down_bias[static_cast<size_t>(j)];
-      });
+      for (int64_t i = 0; i < r; ++i)
+        for (int64_t j = t.n0; j < t.n1; ++j) ye[i * M + j] += w.down_bias[static_cast<size_t>(j)];
+  };
+
+  // An exception cannot leave a parallel region: the first one is kept and rethrown after it.
+  std::exception_ptr failure;
+  const auto guarded = [&](const auto& run) {
+    try {
+      run();
+    } catch (...) {
+#pragma omp critical(packed_experts_failure)
+      if (!failure) failure = std::current_exception();
+    }
+  };
+  const auto gate_up_count = static_cast<int64_t>(gate_up_tiles_.size());
+  const auto chunk_count = static_cast<int64_t>(row_chunks_.size());
+  const auto down_count = static_cast<int64_t>(down_tiles_.size());
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < gate_up_count; ++i)
+      guarded([&] { gate_up_tile(gate_up_tiles_[static_cast<size_t>(i)]); });
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < chunk_count; ++i) activation_rows(row_chunks_[static_cast<size_t>(i)]);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < down_count; ++i) guarded([&] { down_tile(down_tiles_[static_cast<size_t>(i)]); });
   }
+  if (failure) std::rethrow_exception(failure);
 }
 
 }  // namespace xmoe::moe

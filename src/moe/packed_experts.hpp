@@ -11,6 +11,7 @@
 
 #include "kernels/kernels.hpp"
 #include "moe/expert_descriptor.hpp"
+#include "moe/expert_tiles.hpp"
 #include "moe/experts.hpp"
 #include "util/buffer.hpp"
 
@@ -43,7 +44,8 @@ class PackedSwigluExperts {
   const SwigluWeights& expert(int e) const { return experts_[static_cast<size_t>(e)]; }
 
   // Rows [begin, end) of x [total_rows, model_dim] go to expert `expert`; y [total_rows, model_dim]. A row's
-  // result depends on that row alone.
+  // result depends on that row alone, never on the thread count. All experts run as one parallel schedule
+  // (expert_tiles.hpp) balanced by the rows each range holds.
   void forward_rows(const float* x, std::span<const ExpertRange> ranges, int64_t total_rows, float* y);
 
  private:
@@ -54,6 +56,8 @@ class PackedSwigluExperts {
   std::vector<char> joined_;                    // by expert: gate_up_ holds its view
   int64_t model_dim_ = 0, hidden_ = 0;
   Buffer<float> gu_, act_;
+  std::vector<ExpertTile> gate_up_tiles_, down_tiles_;
+  std::vector<ExpertRange> row_chunks_;  // the activation's work items
 };
 
 }  // namespace xmoe::moe

@@ -13,6 +13,7 @@
 #include "llm/arch/deepseek_v3_chat_template.hpp"
 #include "llm/arch/feed_forward.hpp"
 #include "llm/arch/kimi_k2_chat_template.hpp"
+#include "llm/arch/layer_shapes.hpp"
 #include "llm/arch/mla_attention.hpp"
 #include "xmoe/error.hpp"
 
@@ -20,7 +21,13 @@ namespace xmoe::llm {
 
 namespace {
 
-struct DeepseekV3Fields final : ArchitectureConfig {
+MlaDims mla_dims(const ModelConfig& c);
+
+struct DeepseekV3Fields final : ArchitectureConfig, LayerShapeFields {
+  std::optional<MlaDims> mla_dims(const ModelConfig& c) const override { return llm::mla_dims(c); }
+  int64_t shared_expert_intermediate(const ModelConfig& c) const override {
+    return c.moe_intermediate_size * n_shared_experts;
+  }
   int q_lora_rank = 1536;  // 0: null (q_proj)
   int kv_lora_rank = 512, qk_nope_head_dim = 128, qk_rope_head_dim = 64, v_head_dim = 128;
   int n_shared_experts = 1, n_group = 8, topk_group = 4;

@@ -15,6 +15,7 @@
 #include "llm/arch/decoder.hpp"
 #include "llm/arch/glm4_moe_chat_template.hpp"
 #include "llm/arch/glm4_moe_parts.hpp"
+#include "llm/arch/layer_shapes.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::llm {
@@ -22,8 +23,11 @@ namespace xmoe::llm {
 namespace {
 
 // config.json fields only GLM-4.5+ (of the architectures here) has.
-struct Glm4MoeFields final : ArchitectureConfig {
+struct Glm4MoeFields final : ArchitectureConfig, LayerShapeFields {
   GlmMoeFields moe;
+  int64_t shared_expert_intermediate(const ModelConfig& c) const override {
+    return c.moe_intermediate_size * moe.n_shared_experts;
+  }
   bool use_qk_norm = false;
 };
 

@@ -11,6 +11,7 @@
 #include "llm/arch/decoder.hpp"
 #include "llm/arch/glm4_moe_lite_chat_template.hpp"
 #include "llm/arch/glm4_moe_parts.hpp"
+#include "llm/arch/layer_shapes.hpp"
 #include "llm/arch/mla_attention.hpp"
 #include "xmoe/error.hpp"
 
@@ -18,9 +19,13 @@ namespace xmoe::llm {
 
 namespace {
 
-struct Glm4MoeLiteFields final : ArchitectureConfig {
+struct Glm4MoeLiteFields final : ArchitectureConfig, LayerShapeFields {
   GlmMoeFields moe;
   MlaDims mla;
+  std::optional<MlaDims> mla_dims(const ModelConfig&) const override { return mla; }
+  int64_t shared_expert_intermediate(const ModelConfig& c) const override {
+    return c.moe_intermediate_size * moe.n_shared_experts;
+  }
 };
 
 DecoderLayerNames decoder_layer_names(int i) {
