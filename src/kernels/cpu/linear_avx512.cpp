@@ -136,18 +136,19 @@ void pack_panel(const W* w, int64_t ldw, int64_t k, int rows, const W* next, int
 
 // How m rows split into tiles of at most kTileRows, of nearly equal heights (8 rows as 4 + 4, not 6 + 2: a
 // short tile reloads the panel for few FMAs): tile t covers rows [tile_start(m, t), tile_start(m, t + 1)).
-inline int64_t tile_count(int64_t m) {
-  return (m + kTileRows - 1) / kTileRows;
+inline int64_t tile_count(int64_t m, int64_t most = kTileRows) {
+  return (m + most - 1) / most;
 }
-inline int64_t tile_start(int64_t m, int64_t t) {
-  return m * t / tile_count(m);
+inline int64_t tile_start(int64_t m, int64_t t, int64_t most = kTileRows) {
+  return m * t / tile_count(m, most);
 }
 
-// Copies x rows [0, m) into tile layout: tile t's rows i0..i1 as [step][row][16] starting at i0 · steps · 16.
-void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
+// Copies x rows [0, m) into tile layout (tiles of at most `most` rows): tile t's rows i0..i1 as
+// [step][row][16] starting at i0 · steps · 16.
+void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, float* out, int64_t most = kTileRows) {
   const int64_t steps = (k + 15) / 16;
-  for (int64_t t = 0; t < tile_count(m); ++t) {
-    const int64_t i0 = tile_start(m, t), h = tile_start(m, t + 1) - i0;
+  for (int64_t t = 0; t < tile_count(m, most); ++t) {
+    const int64_t i0 = tile_start(m, t, most), h = tile_start(m, t + 1, most) - i0;
     float* tile = out + i0 * steps * 16;
     for (int64_t i = 0; i < h; ++i) {
       const float* row = x + (i0 + i) * ldx;
@@ -246,13 +247,6 @@ constexpr int kFewTileRows = 4;
 constexpr int kFewCols = 6;  // 4 × 6 accumulators + 6 weights + 1 x of the 32 registers
 constexpr int64_t kFewRowsMax = 16;
 
-inline int64_t few_tile_count(int64_t m) {
-  return (m + kFewTileRows - 1) / kFewTileRows;
-}
-inline int64_t few_tile_start(int64_t m, int64_t t) {
-  return m * t / few_tile_count(m);
-}
-
 // y[i, j] for the MR x rows of one packed tile (xt: [step][MR][16]) and NR weight rows read in place;
 // prefetches `next_bytes` of `next` into L2 spread over the steps.
 template <int MR, int NR, class W>
@@ -297,10 +291,10 @@ void few_rows_group(const float* xp, int64_t m, int64_t steps, const W* w, int64
   using TileFn = void (*)(const float*, const W*, int64_t, int64_t, float*, int64_t, const char*, int64_t);
   constexpr TileFn kTiles[kFewTileRows + 1] = {nullptr, few_tile<1, NR, W>, few_tile<2, NR, W>,
                                                few_tile<3, NR, W>, few_tile<4, NR, W>};
-  for (int64_t t = 0; t < few_tile_count(m); ++t) {
-    const int64_t i0 = few_tile_start(m, t);
-    kTiles[few_tile_start(m, t + 1) - i0](xp + i0 * steps * 16, w, ldw, k, y + i0 * ldy, ldy,
-                                          t == 0 ? next : nullptr, t == 0 ? next_bytes : 0);
+  for (int64_t t = 0; t < tile_count(m, kFewTileRows); ++t) {
+    const int64_t i0 = tile_start(m, t, kFewTileRows);
+    kTiles[tile_start(m, t + 1, kFewTileRows) - i0](xp + i0 * steps * 16, w, ldw, k, y + i0 * ldy, ldy,
+                                                    t == 0 ? next : nullptr, t == 0 ? next_bytes : 0);
   }
 }
 
@@ -309,18 +303,7 @@ void linear_few_rows(const float* x, int64_t ldx, int64_t m, const W* w, int64_t
                      int64_t n1, float* y, int64_t ldy) {
   const int64_t steps = (k + 15) / 16;
   const AlignedFloats xp = aligned_floats(m * steps * 16);
-  for (int64_t t = 0; t < few_tile_count(m); ++t) {
-    const int64_t i0 = few_tile_start(m, t), h = few_tile_start(m, t + 1) - i0;
-    float* tile = xp.get() + i0 * steps * 16;
-    for (int64_t i = 0; i < h; ++i) {
-      const float* row = x + (i0 + i) * ldx;
-      for (int64_t s = 0; s < steps; ++s) {
-        const int64_t p = s * 16;
-        const __mmask16 mask = k - p >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - p)) - 1);
-        _mm512_store_ps(tile + (s * h + i) * 16, _mm512_maskz_loadu_ps(mask, row + p));
-      }
-    }
-  }
+  pack_x(x, ldx, m, k, xp.get(), kFewTileRows);
   const auto row_ptr = [&](int64_t j) { return reinterpret_cast<const char*>(w + j * ldw); };
   const auto bytes_of_rows = [&](int64_t a, int64_t b) { return (b - a) * ldw * int64_t(sizeof(W)); };
   for (int64_t b = 0; b < bytes_of_rows(n0, std::min(n1, n0 + kFewCols)); b += 64)
