@@ -99,13 +99,13 @@ void rows_block(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k,
   for (; j < n1; ++j) tile<MR, 1>(x, ldx, w + j * ldw, ldw, k, y + j, ldy);
 }
 
-// Many rows (prefill, batched decode): each weight is decoded once per call, not once per block of rows.
-// kPanelRows weight rows are decoded to f32 into a panel laid out step by step (step s holds the kPanelRows
-// rows' 16 elements p = 16s..16s+15, zero past k), and the x rows are copied the same way, tile by tile, so
-// a tile's loads are two contiguous streams (rows ldx apart would share L1 sets when ldx is a multiple of
-// 4 KiB) with no tail masks; every tile of up to kTileRows x rows then runs over the panel in registers.
-// Each output is still one 16-lane chain over ascending p and the fixed reduction, so the results are the
-// m < 4 path's (and the reference's) bit for bit.
+// Many rows (prefill, batches above kFewRowsMax): each weight is decoded once per call, not once per block of
+// rows. kPanelRows weight rows are decoded to f32 into a panel laid out step by step (step s holds the
+// kPanelRows rows' 16 elements p = 16s..16s+15, zero past k), and the x rows are copied the same way, tile by
+// tile, so a tile's loads are two contiguous streams (rows ldx apart would share L1 sets when ldx is a
+// multiple of 4 KiB) with no tail masks; every tile of up to kTileRows x rows then runs over the panel in
+// registers. Each output is still one 16-lane chain over ascending p and the fixed reduction, so the results
+// are the m < 4 path's (and the reference's) bit for bit.
 constexpr int kPanelRows = 4;
 constexpr int kTileRows = 6;        // 6 × 4 accumulators + 4 weights + 1 x: 29 of the 32 registers
 constexpr int64_t kChunkRows = 96;  // x rows per pass over the weights: their copy stays in L2
