@@ -226,15 +226,17 @@ bool Engine::step() {
     const int64_t vocab = model_.config().vocab_size;
     XMOE_CHECK(logits_.size() == batch.size() * static_cast<size_t>(vocab), "engine: the model returned ",
                logits_.size(), " logits for ", batch.size(), " chunks of vocabulary ", vocab);
+    std::vector<std::pair<Sequence*, std::span<float>>> ready;  // sequences to sample and their logits
     for (size_t i = 0; i < chunks.size(); ++i) {
       Sequence& s = *chunks[i].seq;
       s.computed += chunks[i].length;
       XMOE_CHECK(cache_.length(*s.cache_seq) == s.computed, "engine: the model left the cache of request ",
                  s.id, " at ", cache_.length(*s.cache_seq), " tokens, expected ", s.computed);
-      if (s.pending() > 0 || s.cancelled) continue;  // more prompt to feed first, or cancelled by a callback
-      sample_next(
-          s, std::span<float>(logits_.data() + i * static_cast<size_t>(vocab), static_cast<size_t>(vocab)));
+      if (s.pending() > 0 || s.cancelled) continue;  // more prompt to feed first
+      ready.emplace_back(
+          &s, std::span<float>(logits_.data() + i * static_cast<size_t>(vocab), static_cast<size_t>(vocab)));
     }
+    sample_all(ready);
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ++stats_.steps;
@@ -261,24 +263,56 @@ void Engine::run_until_idle() {
   }
 }
 
-void Engine::sample_next(Sequence& seq, std::span<float> row) {
-  int32_t token = 0;
-  std::optional<TokenLogprob> logprob;
-  try {
-    if (seq.request.logits_processor) seq.request.logits_processor(row, seq.result.token_ids);
-    token = seq.sampler.sample(row, seq.penalties, static_cast<uint64_t>(seq.generated()));
-    if (seq.request.logprobs)
-      logprob = token_logprob(row, seq.request.sampling.temperature, token, *seq.request.logprobs);
-  } catch (const std::exception& e) {
+void Engine::sample_all(std::span<const std::pair<Sequence*, std::span<float>>> ready) {
+  struct Draw {
+    int32_t token = 0;
+    std::optional<TokenLogprob> logprob;
+    std::string error;  // this request's processing failed
+  };
+  std::vector<Draw> draws(ready.size());
+  // Logits processors are the caller's code, not necessarily safe to run concurrently: one at a time.
+  for (size_t j = 0; j < ready.size(); ++j) {
+    Sequence& seq = *ready[j].first;
+    if (!seq.request.logits_processor) continue;
+    try {
+      seq.request.logits_processor(ready[j].second, seq.result.token_ids);
+    } catch (const std::exception& e) {
+      draws[j].error = e.what();
+    }
+  }
+  // The draws (a pass over the vocabulary each, one sequence's state only) in parallel: with a batch of
+  // sequences they are a step's largest serial part. A draw depends only on its sequence's logits, seed and
+  // position, so the thread it runs on changes nothing.
+  const auto count = static_cast<int64_t>(ready.size());
+#pragma omp parallel for schedule(dynamic, 1) if (count > 1)
+  for (int64_t j = 0; j < count; ++j) {
+    Draw& d = draws[static_cast<size_t>(j)];
+    if (!d.error.empty()) continue;
+    Sequence& seq = *ready[static_cast<size_t>(j)].first;
+    const std::span<float> row = ready[static_cast<size_t>(j)].second;
+    try {
+      d.token = seq.sampler.sample(row, seq.penalties, static_cast<uint64_t>(seq.generated()));
+      if (seq.request.logprobs)
+        d.logprob = token_logprob(row, seq.request.sampling.temperature, d.token, *seq.request.logprobs);
+    } catch (const std::exception& e) {
+      d.error = e.what();
+    }
+  }
+  for (size_t j = 0; j < ready.size(); ++j) {
+    Sequence& seq = *ready[j].first;
+    if (seq.cancelled) continue;  // by an earlier sequence's stream callback in this loop
+    Draw& d = draws[j];
+    if (d.error.empty()) {
+      accept_token(seq, d.token, std::move(d.logprob));
+      continue;
+    }
     // This request alone fails; the batch goes on.
     StreamDelta delta;
     delta.request = seq.id;
-    delta.error = e.what();
-    seq.result.error = e.what();
+    delta.error = d.error;
+    seq.result.error = d.error;
     finish(seq, FinishReason::stop, delta);
-    return;
   }
-  accept_token(seq, token, std::move(logprob));
 }
 
 void Engine::accept_token(Sequence& seq, int32_t token, std::optional<TokenLogprob> logprob) {

@@ -28,6 +28,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "llm/kv_cache.hpp"
@@ -160,7 +161,9 @@ class Engine {
   void preempt(Sequence& seq);
   void accept_token(Sequence& seq, int32_t token, std::optional<TokenLogprob> logprob);
   void finish(Sequence& seq, FinishReason reason, StreamDelta& delta);
-  void sample_next(Sequence& seq, std::span<float> row);
+  // Samples each ready sequence's next token from its logits row and accepts it (or finishes it with its
+  // error).
+  void sample_all(std::span<const std::pair<Sequence*, std::span<float>>> ready);
   bool release_finished();  // finished and cancelled sequences leave the batch; true when any did
 
   CausalLM& model_;

@@ -477,6 +477,35 @@ TEST(Engine, CancelDropsAWaitingRequestAndFreesARunningOnesBlocksAtTheNextStep) 
   expect_same(engine.take_result(id_other), other_alone);  // the batch went on undisturbed
 }
 
+TEST(Engine, ACallbackThatCancelsAnotherSequenceOfTheSameStepStopsItsToken) {
+  // The step draws every sequence's token before it streams any: b's token of the step in which a's
+  // callback cancels it must still not reach b.
+  ToyModel model;
+  EngineOptions options = toy_options();
+  options.eos_token_ids = {};
+  Engine engine(model, options);
+  Streamed streamed_b;
+  size_t b_tokens_at_cancel = 0;
+  RequestId id_b = 0;
+  GenerationRequest a = make_request(5, 1, 100, true), b = make_request(6, 2, 100, true);
+  a.on_delta = [&](const StreamDelta& d) {
+    if (d.token_ids.empty() || id_b == 0 || !engine.cancel(id_b)) return;
+    b_tokens_at_cancel = streamed_b.ids.size();
+    id_b = 0;
+  };
+  b.on_delta = collect(streamed_b);
+  const RequestId id_a = engine.submit(a);
+  id_b = engine.submit(b);
+  const RequestId b_id = id_b;
+  engine.step();  // both prompts
+  EXPECT_EQ(id_b, 0) << "a's first token cancelled b";
+  EXPECT_EQ(b_tokens_at_cancel, 0u);
+  engine.run_until_idle();
+  EXPECT_TRUE(streamed_b.ids.empty()) << "b got a token after its cancel";
+  EXPECT_FALSE(engine.finished(b_id));
+  EXPECT_EQ(engine.take_result(id_a).token_ids.size(), 100u);
+}
+
 // Oracle: log-softmax written out over the row the processor saw (no penalties here), in double.
 TEST(Engine, LogprobsAreTheLogSoftmaxOfTheProcessedLogitsAtTheTemperature) {
   for (const double temperature : {0.0, 0.7}) {

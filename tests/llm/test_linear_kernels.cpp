@@ -76,7 +76,7 @@ TEST(LinearKernels, VariantsMatchReferenceBitForBit) {
     std::mt19937 rng(7);
     std::normal_distribution<float> nd;
     for (WeightFormat format : {WeightFormat::f32, WeightFormat::bf16, WeightFormat::f16})
-      for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17, 100})
+      for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 100})
         for (int64_t n : {1, 7, 8, 13, 33})
           for (int64_t k : {1, 15, 16, 17, 64, 100})
             for (int64_t pad : {0, 5}) {
@@ -113,7 +113,8 @@ TEST(LinearKernels, ReferenceIsADotProduct) {
 }
 
 TEST(LinearKernels, RowsDoNotDependOnTheBatchOrThreads) {
-  // 200 rows take the many-rows path in several chunks; each row alone takes the decode path.
+  // 200 rows take the many-rows path in several chunks, 16 rows the batched-decode path; each row alone takes
+  // the one-row decode path.
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
   const int64_t k = 300, n = 517, m = 200;
@@ -123,15 +124,20 @@ TEST(LinearKernels, RowsDoNotDependOnTheBatchOrThreads) {
   for (const WeightFormat format : {WeightFormat::f32, WeightFormat::bf16}) {
     const TestWeight tw(format, v, n, k, k);
     const KernelTable& table = best_kernel_table(detect_cpu_features());
-    std::vector<float> all(static_cast<size_t>(m * n)), one(static_cast<size_t>(n));
+    std::vector<float> all(static_cast<size_t>(m * n)), one(static_cast<size_t>(n)), few(16 * one.size());
     const int saved = omp_get_max_threads();
     omp_set_num_threads(2);
     linear_forward(table, tw.w, x.data(), m, all.data());
+    linear_forward(table, tw.w, x.data() + 5 * k, 16, few.data());
     omp_set_num_threads(1);
     for (int64_t i = 0; i < m; ++i) {
       linear_forward(table, tw.w, x.data() + i * k, 1, one.data());
       EXPECT_TRUE(std::equal(one.begin(), one.end(), all.begin() + i * n))
           << weight_format_name(format) << " row " << i;
+      if (i >= 5 && i < 5 + 16) {
+        EXPECT_TRUE(std::equal(one.begin(), one.end(), few.begin() + (i - 5) * n))
+            << weight_format_name(format) << " row " << i << " in a batch of 16";
+      }
     }
     omp_set_num_threads(saved);
   }

@@ -83,9 +83,10 @@ void rows_block(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k,
   for (; j < n1; ++j) tile<MR, 1>(x, ldx, w + j * ldw, ldw, k, y + j, ldy);
 }
 
-// Many rows (prefill, batched decode): as the AVX-512 variant, kPanelRows weight rows are decoded to f32 once
-// into a panel (step s: the rows' 16 elements p = 16s..16s+15, zero past k) and every block of x rows runs
-// over it, instead of decoding each weight once per block of rows. Same lanes, same order, same bits.
+// Many rows (prefill, batches above kFewRowsMax): as the AVX-512 variant, kPanelRows weight rows are decoded
+// to f32 once into a panel (step s: the rows' 16 elements p = 16s..16s+15, zero past k) and every block of x
+// rows runs over it, instead of decoding each weight once per block of rows. Same lanes, same order, same
+// bits.
 constexpr int kPanelRows = 2;
 constexpr int kTileRows = 3;  // 3 × 2 outputs × 2 halves = 12 accumulators + 2 weights + 1 x of 16 registers
 
@@ -185,10 +186,116 @@ void linear_panels(const float* x, int64_t ldx, int64_t m, const W* w, int64_t l
   }
 }
 
+// Batched decode (4 ≤ m ≤ kFewRowsMax), as the AVX-512 variant's path: weight rows stream once per call in
+// groups of kFewCols, converted in registers, against x rows packed in tiles ([step][row][16], zeros past
+// k) of at most kFewTileRows rows; the first tile of a group prefetches the next group into L2. Same lanes,
+// same order, same bits.
+constexpr int kFewTileRows = 3;  // 3 × 2 outputs × 2 halves = 12 accumulators + 2 weights + 1 x of 16
+constexpr int kFewCols = 2;
+constexpr int64_t kFewRowsMax = 16;
+
+template <int MR, int NR, class W>
+void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int64_t ldy, const char* next,
+              int64_t next_bytes) {
+  __m256 acc[2][MR][NR];
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) acc[h][i][j] = _mm256_setzero_ps();
+  const auto step = [&](const float* px, const W* const* ws) {
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m256 wv[NR];
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) wv[j] = load8(ws[j] + 8 * h);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        const __m256 xv = _mm256_load_ps(px + i * 16 + 8 * h);
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; ++j) acc[h][i][j] = _mm256_fmadd_ps(xv, wv[j], acc[h][i][j]);
+      }
+    }
+  };
+  constexpr int64_t kStepBytes = NR * 16 * int64_t(sizeof(W));
+  const int64_t full = k / 16;
+  const W* ws[NR];
+  for (int64_t s = 0; s < full; ++s) {
+    for (int64_t b = s * kStepBytes; b < std::min((s + 1) * kStepBytes, next_bytes); b += 64)
+      _mm_prefetch(next + b, _MM_HINT_T1);
+    for (int j = 0; j < NR; ++j) ws[j] = w + j * ldw + s * 16;
+    step(xt + s * MR * 16, ws);
+  }
+  if (full * 16 < k) {  // the tail, zero-padded to a whole step (zero products leave the lanes unchanged)
+    W wt[NR][16] = {};
+    for (int j = 0; j < NR; ++j) {
+      std::memcpy(static_cast<void*>(wt[j]), w + j * ldw + full * 16,
+                  static_cast<size_t>(k - full * 16) * sizeof(W));
+      ws[j] = wt[j];
+    }
+    step(xt + full * MR * 16, ws);
+  }
+  alignas(32) float lanes[16];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) {
+      _mm256_store_ps(lanes, acc[0][i][j]);
+      _mm256_store_ps(lanes + 8, acc[1][i][j]);
+      y[i * ldy + j] = reduce_lanes(lanes);
+    }
+}
+
+// Weight rows [j, j + NR) over every packed x tile (tile t: rows [m·t/tiles, m·(t+1)/tiles)).
+template <int NR, class W>
+void few_rows_group(const float* xp, int64_t m, int64_t steps, const W* w, int64_t ldw, int64_t k, float* y,
+                    int64_t ldy, const char* next, int64_t next_bytes) {
+  using TileFn = void (*)(const float*, const W*, int64_t, int64_t, float*, int64_t, const char*, int64_t);
+  constexpr TileFn kTiles[kFewTileRows + 1] = {nullptr, few_tile<1, NR, W>, few_tile<2, NR, W>,
+                                               few_tile<3, NR, W>};
+  const int64_t tiles = (m + kFewTileRows - 1) / kFewTileRows;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t i0 = m * t / tiles, rows = m * (t + 1) / tiles - i0;
+    kTiles[rows](xp + i0 * steps * 16, w, ldw, k, y + i0 * ldy, ldy, t == 0 ? next : nullptr,
+                 t == 0 ? next_bytes : 0);
+  }
+}
+
+template <class W>
+void linear_few_rows(const float* x, int64_t ldx, int64_t m, const W* w, int64_t ldw, int64_t k, int64_t n0,
+                     int64_t n1, float* y, int64_t ldy) {
+  const int64_t steps = (k + 15) / 16, tiles = (m + kFewTileRows - 1) / kFewTileRows;
+  const size_t floats = static_cast<size_t>(m * steps * 16);
+  auto xp = std::unique_ptr<float[], decltype(&std::free)>(
+      static_cast<float*>(std::aligned_alloc(32, floats * sizeof(float))), &std::free);
+  XMOE_CHECK(xp != nullptr, "linear: out of memory for ", m, " x ", k, " packed rows");
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t i0 = m * t / tiles, rows = m * (t + 1) / tiles - i0;
+    float* tile = xp.get() + i0 * steps * 16;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t s = 0; s < steps; ++s) {
+        float* out = tile + (s * rows + i) * 16;
+        const int64_t n = std::min<int64_t>(16, k - s * 16);
+        std::memcpy(out, x + (i0 + i) * ldx + s * 16, static_cast<size_t>(n) * sizeof(float));
+        std::fill(out + n, out + 16, 0.0f);
+      }
+  }
+  const auto row_ptr = [&](int64_t j) { return reinterpret_cast<const char*>(w + j * ldw); };
+  const auto bytes_of_rows = [&](int64_t a, int64_t b) { return (b - a) * ldw * int64_t(sizeof(W)); };
+  int64_t j = n0;
+  for (; j + kFewCols <= n1; j += kFewCols)
+    few_rows_group<kFewCols>(xp.get(), m, steps, w + j * ldw, ldw, k, y + j, ldy, row_ptr(j + kFewCols),
+                             bytes_of_rows(j + kFewCols, std::min(n1, j + 2 * kFewCols)));
+  for (; j < n1; ++j) few_rows_group<1>(xp.get(), m, steps, w + j * ldw, ldw, k, y + j, ldy, nullptr, 0);
+}
+
 template <class W>
 void linear(const LinearArgs& a) {
   const W* w = reinterpret_cast<const W*>(a.w->data);
   const int64_t k = a.w->cols, ldw = a.w->row_bytes / int64_t(sizeof(W));
+  if (a.m >= 4 && a.m <= kFewRowsMax)
+    return linear_few_rows(a.x, a.ldx, a.m, w, ldw, k, a.n0, a.n1, a.y, a.ldy);
   if (a.m >= 4) return linear_panels(a.x, a.ldx, a.m, w, ldw, k, a.n0, a.n1, a.y, a.ldy);
   // Decode: the x rows stay in L1; each weight row streams once through register tiles.
   const int64_t kBlockCols =
