@@ -10,6 +10,7 @@
 //
 // Built by CMake when libdnnl-dev or libopenblas-dev is installed (target gemm_bench).
 #include <omp.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -75,14 +76,24 @@ struct Contender {
 
 // Seconds per call of each contender over `reps` rounds after one warm-up call each; every round calls each
 // contender once, in turn, so that a shared machine's load drift reaches all of them alike.
-std::vector<std::vector<double>> interleaved_seconds(const std::vector<Contender>& cs, int reps) {
+// `thread_cpu`: the calling thread's CPU time instead of the wall clock (1 thread only), which leaves out the
+// time a loaded machine kept the thread off the core.
+std::vector<std::vector<double>> interleaved_seconds(const std::vector<Contender>& cs, int reps,
+                                                     bool thread_cpu) {
+  auto now = [thread_cpu] {
+    if (!thread_cpu)
+      return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  };
   for (const Contender& c : cs) c.call();
   std::vector<std::vector<double>> t(cs.size());
   for (int r = 0; r < reps; ++r) {
     for (size_t i = 0; i < cs.size(); ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
+      const double t0 = now();
       cs[i].call();
-      t[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      t[i].push_back(now() - t0);
     }
   }
   return t;
@@ -170,7 +181,7 @@ struct Ceilings {
 
 template <class In>
 void bench_shape(const BenchShape& s, const std::vector<Variant<In>>& variants, const Ceilings& ceil,
-                 int reps) {
+                 int reps, bool thread_cpu) {
   const auto a = random_values<In>(s.m * s.k, 1), b = random_values<In>(s.k * s.n, 2);
   std::vector<float> c(static_cast<size_t>(s.m * s.n));
   const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
@@ -194,7 +205,7 @@ void bench_shape(const BenchShape& s, const std::vector<Variant<In>>& variants, 
   }
 #endif
   (void)peer_peak;
-  const std::vector<std::vector<double>> t = interleaved_seconds(cs, reps);
+  const std::vector<std::vector<double>> t = interleaved_seconds(cs, reps, thread_cpu);
   for (size_t i = 0; i < cs.size(); ++i) {
     const double gflops = flops / median_of(t[i]) / 1e9;
     std::printf("  %-18s %-5s %-12s %8.1f GFLOP/s  %5.1f%% of FMA peak  %5.1f%% of probe", s.str().c_str(),
@@ -215,6 +226,9 @@ void bench_shape(const BenchShape& s, const std::vector<Variant<In>>& variants, 
 
 constexpr const char* kUsage =
     "usage: gemm_bench [--threads 1,2] [--reps 5] [--shapes MxNxK[:TT],...] [--dtypes f32,bf16]\n"
+    "                  [--clock wall|thread]\n"
+    "  clock thread: time the calling thread's CPU time (kernels and peaks; needs --threads 1), which\n"
+    "  leaves out the time a loaded machine kept the thread waiting\n"
     "  shapes: C[M,N] = op(A)[M,K] op(B)[K,N]; T after ':' transposes A, then B (default: the MoE layer's\n"
     "  expert shapes at Tutel's helloworld defaults, forward and backward, and smaller token counts)\n";
 
@@ -231,6 +245,7 @@ int main(int argc, char** argv) {
   int reps = 5;
   std::vector<BenchShape> shapes;
   std::vector<std::string> dtypes = {"f32", "bf16"};
+  bool thread_cpu = false;
   for (int i = 1; i < argc; i += 2) {
     const std::string key = argv[i];
     if (key == "--help" || key == "-h") {
@@ -251,6 +266,8 @@ int main(int argc, char** argv) {
       for (const auto& s : split(value, ',')) shapes.push_back(parse_shape(s));
     } else if (key == "--dtypes") {
       dtypes = split(value, ',');
+    } else if (key == "--clock" && (value == "wall" || value == "thread")) {
+      thread_cpu = value == "thread";
     } else {
       std::fprintf(stderr, "unknown option %s\n%s", key.c_str(), kUsage);
       return 2;
@@ -281,6 +298,11 @@ int main(int argc, char** argv) {
     best.gemm_bf16 = avx512_bf16::gemm_bf16;
   }
 
+  if (thread_cpu && (threads.size() != 1 || threads[0] != 1)) {
+    std::fprintf(stderr, "--clock thread needs --threads 1\n");
+    return 2;
+  }
+  std::printf("clock: %s\n", thread_cpu ? "calling thread's CPU time" : "wall");
   for (int t : threads) {
     omp_set_num_threads(t);
 #ifdef XMOE_HAVE_OPENBLAS
@@ -292,13 +314,14 @@ int main(int argc, char** argv) {
     for (const BenchShape& s : shapes) {
       // Re-measured before each shape: the load on a shared machine drifts over a run.
       Ceilings ceil{};
-      ceil.f32_fma = register_fma_peak_gflops(f.has_avx512() ? Isa::avx512 : Isa::avx2, f, t);
-      ceil.bf16_dot = f.has_avx512_bf16() ? register_bf16_dot_peak_gflops(f, t) : ceil.f32_fma;
+      const PeakClock clock = thread_cpu ? PeakClock::thread_cpu : PeakClock::wall;
+      ceil.f32_fma = register_fma_peak_gflops(f.has_avx512() ? Isa::avx512 : Isa::avx2, f, t, 0.2, clock);
+      ceil.bf16_dot = f.has_avx512_bf16() ? register_bf16_dot_peak_gflops(f, t, 0.2, clock) : ceil.f32_fma;
       std::printf("%s  threads=%d  FMA peak: f32 %.1f, VDPBF16PS %.1f GFLOP/s\n", s.str().c_str(), t,
                   ceil.f32_fma, ceil.bf16_dot);
       for (const std::string& d : dtypes) {
-        if (d == "f32") ceil.probe = f32_probe, bench_shape<float>(s, f32_variants, ceil, reps);
-        if (d == "bf16") ceil.probe = bf16_probe, bench_shape<bf16>(s, bf16_variants, ceil, reps);
+        if (d == "f32") ceil.probe = f32_probe, bench_shape<float>(s, f32_variants, ceil, reps, thread_cpu);
+        if (d == "bf16") ceil.probe = bf16_probe, bench_shape<bf16>(s, bf16_variants, ceil, reps, thread_cpu);
       }
     }
   }
