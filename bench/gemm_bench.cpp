@@ -6,7 +6,8 @@
 // fastest peer. Each variant's share is of its own ceiling: VDPBF16PS's for avx512_bf16 (and oneDNN's bf16),
 // the f32 FMA's for the rest (avx2/avx512 widen bf16 to f32 while packing).
 //
-//   gemm_bench [--threads 1,2] [--reps 5] [--shapes 2048x2048x2048:NT,8192x2048x2048:NN] [--dtypes f32,bf16]
+//   gemm_bench [--threads 1,2] [--reps 5] [--shapes 8192x2048x2048:NN,...] [--dtypes f32,bf16]
+//              [--clock wall|thread]      (--help lists the defaults)
 //
 // Built by CMake when libdnnl-dev or libopenblas-dev is installed (target gemm_bench).
 #include <omp.h>
@@ -165,9 +166,6 @@ std::function<void()> openblas_call(const BenchShape& s, const std::vector<float
 }
 #endif
 
-// Times every variant and peer at one shape, interleaved, and prints each one's median GFLOP/s, its share of
-// the FMA peak and of the probe, and the median over rounds of its speed relative to the round's fastest
-// peer.
 template <class In>
 struct Variant {
   std::string name;
@@ -179,6 +177,9 @@ struct Ceilings {
   double f32_fma, bf16_dot, probe;
 };
 
+// Times every variant and peer at one shape, interleaved, and prints each one's median GFLOP/s, its share of
+// the FMA peak and of the probe, and the median over rounds of its speed relative to the round's fastest
+// peer.
 template <class In>
 void bench_shape(const BenchShape& s, const std::vector<Variant<In>>& variants, const Ceilings& ceil,
                  int reps, bool thread_cpu) {
@@ -228,7 +229,8 @@ constexpr const char* kUsage =
     "usage: gemm_bench [--threads 1,2] [--reps 5] [--shapes MxNxK[:TT],...] [--dtypes f32,bf16]\n"
     "                  [--clock wall|thread]\n"
     "  clock thread: time the calling thread's CPU time (kernels and peaks; needs --threads 1), which\n"
-    "  leaves out the time a loaded machine kept the thread waiting\n"
+    "  leaves out the time a loaded machine kept the thread waiting (the in-cache probe stays on the wall\n"
+    "  clock)\n"
     "  shapes: C[M,N] = op(A)[M,K] op(B)[K,N]; T after ':' transposes A, then B (default: the MoE layer's\n"
     "  expert shapes at Tutel's helloworld defaults, forward and backward, and smaller token counts)\n";
 
