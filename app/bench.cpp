@@ -190,7 +190,16 @@ int run_bench(const BenchOptions& o) {
   if (o.optimizer == "adam") adam.emplace(AdamOptions{.lr = o.lr});
   double dt_max_ = 0;
   std::vector<double> comm_t, step_t, gate_t, route_t, enc_t, exp_t, dec_t, bwd_t, bwd_exp_t, exp_rate,
-      bwd_exp_rate;
+      bwd_exp_rate, fma_peak, exp_share, bwd_exp_share, step_share;
+  // The register-only ceiling: f32 FMA chains, or VDPBF16PS chains for bf16 at AVX512-BF16 (twice the rate).
+  const kernels::KernelTable& table =
+      kernels::kernel_table(kernels::parse_isa(layer.kernel_isa()), kernels::detect_cpu_features());
+  const kernels::CpuFeatures features = kernels::detect_cpu_features();
+  const bool dot_bf16 = cfg.dtype == DType::bf16 && table.isa >= kernels::Isa::avx512_bf16;
+  auto measure_peak = [&] {
+    return dot_bf16 ? kernels::register_bf16_dot_peak_gflops(features, omp_get_max_threads())
+                    : kernels::register_fma_peak_gflops(table.isa, features, omp_get_max_threads());
+  };
   for (int step = 0; step < o.num_steps; ++step) {
     const auto t0 = Clock::now();
     ForwardResult r = layer.forward(x, sw);
@@ -229,6 +238,12 @@ int run_bench(const BenchOptions& o) {
       bwd_exp_t.push_back(pt.backward_experts);
       bwd_exp_rate.push_back(2.0 * expert_flops(o, rows) / pt.backward_experts / 1e9);
     }
+    // The peak right after each step (0.2 s), and each step's shares of it: on a shared machine the load
+    // drifts over a run, and a ceiling measured once at the end would not be the one the step ran under.
+    fma_peak.push_back(measure_peak());
+    exp_share.push_back(exp_rate.back() / fma_peak.back());
+    if (!o.eval) bwd_exp_share.push_back(bwd_exp_rate.back() / fma_peak.back());
+    step_share.push_back(flops_per_step / dt / 1e9 / fma_peak.back());
   }
   const double med = median(step_t);
   say(root, "[Summary] Median step_time = %.6f sec over %zu steps after warm-up, perf = %.2f tflops.\n", med,
@@ -240,8 +255,6 @@ int run_bench(const BenchOptions& o) {
       "(experts %.4f); routing+encode+decode = %.2f%% of the step\n",
       median(gate_t), median(route_t), median(enc_t), median(exp_t), median(dec_t), median(bwd_t),
       median(bwd_exp_t), 100.0 * rd / med);
-  const kernels::KernelTable& table =
-      kernels::kernel_table(kernels::parse_isa(layer.kernel_isa()), kernels::detect_cpu_features());
   const double peak = kernels::measure_fma_peak_gflops(table, cfg.dtype);
   if (W > 1)
     say(root, "[Communication] median %.4f s per step = %.2f%% of the step (all-to-all, gathers; rank 0)\n",
@@ -251,20 +264,15 @@ int run_bench(const BenchOptions& o) {
   if (!o.eval)
     say(root, "; backward %.1f GFLOP/s = %.1f%%", median(bwd_exp_rate), 100.0 * median(bwd_exp_rate) / peak);
   say(root, "\n");
-  // The register-only FMA loop cannot read low the way the in-cache GEMM probe can (packing, cache misses),
-  // so these shares are the kernels' true efficiency.
-  // bf16 at AVX512-BF16 runs VDPBF16PS, whose register-only rate (twice the f32 FMA's) is its ceiling.
-  const kernels::CpuFeatures features = kernels::detect_cpu_features();
-  const bool dot_bf16 = cfg.dtype == DType::bf16 && table.isa >= kernels::Isa::avx512_bf16;
-  const double fma_peak = dot_bf16
-                              ? kernels::register_bf16_dot_peak_gflops(features, omp_get_max_threads())
-                              : kernels::register_fma_peak_gflops(table.isa, features, omp_get_max_threads());
-  say(root, "[FMA peak] register-only %s %.1f GFLOP/s (%s, %d threads): experts forward %.1f%%",
-      dot_bf16 ? "VDPBF16PS" : "f32 FMA", fma_peak, kernels::isa_name(table.isa), omp_get_max_threads(),
-      100.0 * median(exp_rate) / fma_peak);
-  if (!o.eval) say(root, ", backward %.1f%%", 100.0 * median(bwd_exp_rate) / fma_peak);
-  say(root, "; whole step %.1f GFLOP/s = %.1f%%\n", flops_per_step / med / 1e9,
-      100.0 * flops_per_step / med / 1e9 / fma_peak);
+  // The register-only loop cannot read low the way the in-cache GEMM probe can (packing, cache misses), so
+  // these shares are the kernels' true efficiency: medians of the per-step shares.
+  say(root,
+      "[FMA peak] register-only %s %.1f GFLOP/s (%s, %d threads, median of one after each step): experts "
+      "forward %.1f%%",
+      dot_bf16 ? "VDPBF16PS" : "f32 FMA", median(fma_peak), kernels::isa_name(table.isa),
+      omp_get_max_threads(), 100.0 * median(exp_share));
+  if (!o.eval) say(root, ", backward %.1f%%", 100.0 * median(bwd_exp_share));
+  say(root, "; whole step %.1f GFLOP/s = %.1f%%\n", flops_per_step / med / 1e9, 100.0 * median(step_share));
 
   if (o.measure_switching) {
     // Time the same configuration A when every call follows a switch (B, A, B, A, ...) and when it does not.

@@ -1,12 +1,17 @@
 // GEMM benchmark: each kernel variant this CPU runs, at MoE expert shapes, on 1 and 2 threads, against
 // (a) a register-only FMA loop (the machine's FMA peak), (b) the in-cache GEMM probe of gemm_probe.hpp and
 // (c) the peers built in, in the same run on the same buffers: oneDNN's matmul (f32 and bf16) and OpenBLAS's
-// cblas_sgemm (f32), each on the same number of threads. Prints medians.
+// cblas_sgemm (f32), each on the same number of threads. Contenders run interleaved, one call each per round,
+// so load drift on a shared machine reaches them alike; prints medians and the median per-round ratio to the
+// fastest peer. Each variant's share is of its own ceiling: VDPBF16PS's for avx512_bf16 (and oneDNN's bf16),
+// the f32 FMA's for the rest (avx2/avx512 widen bf16 to f32 while packing).
 //
-//   gemm_bench [--threads 1,2] [--reps 5] [--shapes 2048x2048x2048:NT,8192x2048x2048:NN] [--dtypes f32,bf16]
+//   gemm_bench [--threads 1,2] [--reps 5] [--shapes 8192x2048x2048:NN,...] [--dtypes f32,bf16]
+//              [--clock wall|thread]      (--help lists the defaults)
 //
 // Built by CMake when libdnnl-dev or libopenblas-dev is installed (target gemm_bench).
 #include <omp.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -63,17 +68,41 @@ BenchShape parse_shape(const std::string& s) {
   return b;
 }
 
-// Median seconds per call of `fn` over `reps` timed calls after one warm-up.
-double median_seconds(const std::function<void()>& fn, int reps) {
-  fn();
-  std::vector<double> t;
+// One contender in a shape's race: a name and a call over the shared buffers.
+struct Contender {
+  std::string name;
+  std::function<void()> call;
+  bool peer;
+};
+
+// Seconds per call of each contender over `reps` rounds after one warm-up call each; every round calls each
+// contender once, in turn, so that a shared machine's load drift reaches all of them alike.
+// `thread_cpu`: the calling thread's CPU time instead of the wall clock (1 thread only), which leaves out the
+// time a loaded machine kept the thread off the core.
+std::vector<std::vector<double>> interleaved_seconds(const std::vector<Contender>& cs, int reps,
+                                                     bool thread_cpu) {
+  auto now = [thread_cpu] {
+    if (!thread_cpu)
+      return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  };
+  for (const Contender& c : cs) c.call();
+  std::vector<std::vector<double>> t(cs.size());
   for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    for (size_t i = 0; i < cs.size(); ++i) {
+      const double t0 = now();
+      cs[i].call();
+      t[i].push_back(now() - t0);
+    }
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return t;
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 template <class T>
@@ -99,12 +128,11 @@ GemmArgs<In, float> make_args(const BenchShape& s, const std::vector<In>& a, con
 #ifdef XMOE_HAVE_DNNL
 // oneDNN matmul over the same buffers; transposes are expressed as strides, as a caller would.
 template <class In>
-double onednn_seconds(const BenchShape& s, const std::vector<In>& a, const std::vector<In>& b,
-                      std::vector<float>& c, int reps) {
+std::function<void()> onednn_call(const BenchShape& s, const std::vector<In>& a, const std::vector<In>& b,
+                                  std::vector<float>& c) {
   using dt = dnnl::memory::data_type;
   const dt in_type = std::is_same_v<In, float> ? dt::f32 : dt::bf16;
   dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  dnnl::stream stream(engine);
   const dnnl::memory::desc a_md({s.m, s.k}, in_type,
                                 s.ta ? dnnl::memory::dims{1, s.m} : dnnl::memory::dims{s.k, 1});
   const dnnl::memory::desc b_md({s.k, s.n}, in_type,
@@ -112,72 +140,105 @@ double onednn_seconds(const BenchShape& s, const std::vector<In>& a, const std::
   const dnnl::memory::desc c_md({s.m, s.n}, dt::f32, dnnl::memory::dims{s.n, 1});
   const dnnl::matmul::desc desc(a_md, b_md, c_md);
   const dnnl::matmul::primitive_desc pd(desc, engine);
-  const dnnl::matmul prim(pd);
+  auto stream = std::make_shared<dnnl::stream>(engine);
+  auto prim = std::make_shared<dnnl::matmul>(pd);
   dnnl::memory am(a_md, engine, const_cast<In*>(a.data()));
   dnnl::memory bm(b_md, engine, const_cast<In*>(b.data()));
   dnnl::memory cm(c_md, engine, c.data());
-  return median_seconds(
-      [&] {
-        prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-        stream.wait();
-      },
-      reps);
+  return [stream, prim, am, bm, cm] {
+    prim->execute(*stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    stream->wait();
+  };
 }
 #endif
 
 #ifdef XMOE_HAVE_OPENBLAS
-// OpenBLAS sgemm over the same buffers (row-major, transposes as flags), on `threads` threads.
-double openblas_seconds(const BenchShape& s, const std::vector<float>& a, const std::vector<float>& b,
-                        std::vector<float>& c, int threads, int reps) {
-  openblas_set_num_threads(threads);
-  return median_seconds(
-      [&] {
-        cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans,
-                    static_cast<int>(s.m), static_cast<int>(s.n), static_cast<int>(s.k), 1.0f, a.data(),
-                    static_cast<int>(s.ta ? s.m : s.k), b.data(), static_cast<int>(s.tb ? s.k : s.n), 0.0f,
-                    c.data(), static_cast<int>(s.n));
-      },
-      reps);
+// OpenBLAS sgemm over the same buffers (row-major, transposes as flags); its thread count is set by the
+// caller.
+std::function<void()> openblas_call(const BenchShape& s, const std::vector<float>& a,
+                                    const std::vector<float>& b, std::vector<float>& c) {
+  return [&s, &a, &b, &c] {
+    cblas_sgemm(CblasRowMajor, s.ta ? CblasTrans : CblasNoTrans, s.tb ? CblasTrans : CblasNoTrans,
+                static_cast<int>(s.m), static_cast<int>(s.n), static_cast<int>(s.k), 1.0f, a.data(),
+                static_cast<int>(s.ta ? s.m : s.k), b.data(), static_cast<int>(s.tb ? s.k : s.n), 0.0f,
+                c.data(), static_cast<int>(s.n));
+  };
 }
 #endif
 
-struct Row {
+template <class In>
+struct Variant {
   std::string name;
-  double gflops;
+  void (*fn)(const GemmArgs<In, float>&);
+  bool dot_bf16;  // runs VDPBF16PS, whose ceiling is the bf16 dot peak (else the f32 FMA peak)
 };
 
+struct Ceilings {
+  double f32_fma, bf16_dot, probe;
+};
+
+// Times every variant and peer at one shape, interleaved, and prints each one's median GFLOP/s, its share of
+// the FMA peak and of the probe, and the median over rounds of its speed relative to the round's fastest
+// peer.
 template <class In>
-void bench_shape(const BenchShape& s,
-                 const std::vector<std::pair<std::string, void (*)(const GemmArgs<In, float>&)>>& variants,
-                 double peak, double probe, int threads, int reps) {
+void bench_shape(const BenchShape& s, const std::vector<Variant<In>>& variants, const Ceilings& ceil,
+                 int reps, bool thread_cpu) {
   const auto a = random_values<In>(s.m * s.k, 1), b = random_values<In>(s.k * s.n, 2);
   std::vector<float> c(static_cast<size_t>(s.m * s.n));
   const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
-  std::vector<Row> peers;
+  const GemmArgs<In, float> g = make_args(s, a, b, c);
+  std::vector<Contender> cs;
+  std::vector<double> peaks;  // each contender's ceiling
+  for (const Variant<In>& v : variants) {
+    cs.push_back({v.name, [fn = v.fn, &g] { fn(g); }, false});
+    peaks.push_back(v.dot_bf16 ? ceil.bf16_dot : ceil.f32_fma);
+  }
+  // oneDNN's bf16 matmul runs VDPBF16PS where the CPU has it.
+  const double peer_peak = std::is_same_v<In, bf16> ? ceil.bf16_dot : ceil.f32_fma;
 #ifdef XMOE_HAVE_DNNL
-  peers.push_back({"onednn", flops / onednn_seconds(s, a, b, c, reps) / 1e9});
+  cs.push_back({"onednn", onednn_call(s, a, b, c), true});
+  peaks.push_back(peer_peak);
 #endif
 #ifdef XMOE_HAVE_OPENBLAS
-  if constexpr (std::is_same_v<In, float>)
-    peers.push_back({"openblas", flops / openblas_seconds(s, a, b, c, threads, reps) / 1e9});
-#endif
-  (void)threads;
-  double best_peer = 0;
-  for (const Row& p : peers) best_peer = std::max(best_peer, p.gflops);
-  std::vector<Row> rows;
-  for (const auto& [name, fn] : variants) {
-    const GemmArgs<In, float> g = make_args(s, a, b, c);
-    rows.push_back({name, flops / median_seconds([&] { fn(g); }, reps) / 1e9});
+  if constexpr (std::is_same_v<In, float>) {
+    cs.push_back({"openblas", openblas_call(s, a, b, c), true});
+    peaks.push_back(peer_peak);
   }
-  rows.insert(rows.end(), peers.begin(), peers.end());
-  for (const Row& r : rows) {
+#endif
+  (void)peer_peak;
+  const std::vector<std::vector<double>> t = interleaved_seconds(cs, reps, thread_cpu);
+  for (size_t i = 0; i < cs.size(); ++i) {
+    const double gflops = flops / median_of(t[i]) / 1e9;
     std::printf("  %-18s %-5s %-12s %8.1f GFLOP/s  %5.1f%% of FMA peak  %5.1f%% of probe", s.str().c_str(),
-                std::is_same_v<In, float> ? "f32" : "bf16", r.name.c_str(), r.gflops, 100 * r.gflops / peak,
-                100 * r.gflops / probe);
-    if (best_peer > 0) std::printf("  %5.2fx best peer", r.gflops / best_peer);
+                std::is_same_v<In, float> ? "f32" : "bf16", cs[i].name.c_str(), gflops,
+                100 * gflops / peaks[i], 100 * gflops / ceil.probe);
+    std::vector<double> vs_peer;
+    for (int r = 0; r < reps; ++r) {
+      double best_peer = 0;
+      for (size_t j = 0; j < cs.size(); ++j)
+        if (cs[j].peer) best_peer = std::max(best_peer, 1.0 / t[j][static_cast<size_t>(r)]);
+      if (best_peer > 0) vs_peer.push_back(1.0 / t[i][static_cast<size_t>(r)] / best_peer);
+    }
+    if (!vs_peer.empty()) std::printf("  %5.2fx best peer", median_of(vs_peer));
     std::printf("\n");
   }
+  std::fflush(stdout);
 }
+
+constexpr const char* kUsage =
+    "usage: gemm_bench [--threads 1,2] [--reps 5] [--shapes MxNxK[:TT],...] [--dtypes f32,bf16]\n"
+    "                  [--clock wall|thread]\n"
+    "  clock thread: time the calling thread's CPU time (kernels and peaks; needs --threads 1), which\n"
+    "  leaves out the time a loaded machine kept the thread waiting (the in-cache probe stays on the wall\n"
+    "  clock)\n"
+    "  shapes: C[M,N] = op(A)[M,K] op(B)[K,N]; T after ':' transposes A, then B (default: the MoE layer's\n"
+    "  expert shapes at Tutel's helloworld defaults, forward and backward, and smaller token counts)\n";
+
+// Forward x·W (NN), backward dY·Wᵀ (NT) and the weight gradient Xᵀ·dY (TN, k = tokens) at 8192 tokens per
+// expert (helloworld: 16 × 512 tokens, top-2 of 2 experts, capacity factor 1), then smaller expert batches.
+constexpr const char* kDefaultShapes[] = {"8192x2048x2048:NN", "8192x2048x2048:NT", "2048x2048x8192:TN",
+                                          "8192x2048x2048:TN", "2048x2048x2048:NT", "512x2048x2048:NT",
+                                          "64x2048x2048:NT"};
 
 }  // namespace
 
@@ -186,8 +247,18 @@ int main(int argc, char** argv) {
   int reps = 5;
   std::vector<BenchShape> shapes;
   std::vector<std::string> dtypes = {"f32", "bf16"};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string key = argv[i], value = argv[i + 1];
+  bool thread_cpu = false;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string key = argv[i];
+    if (key == "--help" || key == "-h") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "option %s needs a value\n%s", key.c_str(), kUsage);
+      return 2;
+    }
+    const std::string value = argv[i + 1];
     if (key == "--threads") {
       threads.clear();
       for (const auto& t : split(value, ',')) threads.push_back(std::atoi(t.c_str()));
@@ -197,54 +268,64 @@ int main(int argc, char** argv) {
       for (const auto& s : split(value, ',')) shapes.push_back(parse_shape(s));
     } else if (key == "--dtypes") {
       dtypes = split(value, ',');
+    } else if (key == "--clock" && (value == "wall" || value == "thread")) {
+      thread_cpu = value == "thread";
     } else {
-      std::fprintf(stderr, "unknown option %s\n", key.c_str());
+      std::fprintf(stderr, "unknown option %s\n%s", key.c_str(), kUsage);
       return 2;
     }
   }
   if (shapes.empty()) {
-    for (const char* s : {"2048x2048x2048:NT", "8192x2048x2048:NT", "8192x2048x2048:NN", "8192x2048x2048:TN",
-                          "512x2048x2048:NT", "64x2048x2048:NT"})
-      shapes.push_back(parse_shape(s));
+    for (const char* s : kDefaultShapes) shapes.push_back(parse_shape(s));
   }
 
   const CpuFeatures f = detect_cpu_features();
   std::printf("cpu: %s\n", f.str().c_str());
-  std::vector<std::pair<std::string, void (*)(const GemmArgs<float, float>&)>> f32_variants;
-  std::vector<std::pair<std::string, void (*)(const GemmArgs<bf16, float>&)>> bf16_variants;
+  std::vector<Variant<float>> f32_variants;
+  std::vector<Variant<bf16>> bf16_variants;
   KernelTable best;  // the GEMM entries kernel_table.cpp would pick for this CPU
   best.gemm_f32 = reference::gemm_f32, best.gemm_bf16 = reference::gemm_bf16;
   if (f.has_avx2()) {
-    f32_variants.push_back({"avx2", avx2::gemm_f32});
-    bf16_variants.push_back({"avx2", avx2::gemm_bf16});
+    f32_variants.push_back({"avx2", avx2::gemm_f32, false});
+    bf16_variants.push_back({"avx2", avx2::gemm_bf16, false});
     best.gemm_f32 = avx2::gemm_f32, best.gemm_bf16 = avx2::gemm_bf16;
   }
   if (f.has_avx512()) {
-    f32_variants.push_back({"avx512", avx512::gemm_f32});
-    bf16_variants.push_back({"avx512", avx512::gemm_bf16});
+    f32_variants.push_back({"avx512", avx512::gemm_f32, false});
+    bf16_variants.push_back({"avx512", avx512::gemm_bf16, false});
     best.gemm_f32 = avx512::gemm_f32, best.gemm_bf16 = avx512::gemm_bf16;
   }
   if (f.has_avx512_bf16()) {
-    bf16_variants.push_back({"avx512_bf16", avx512_bf16::gemm_bf16});
+    bf16_variants.push_back({"avx512_bf16", avx512_bf16::gemm_bf16, true});
     best.gemm_bf16 = avx512_bf16::gemm_bf16;
   }
 
+  if (thread_cpu && (threads.size() != 1 || threads[0] != 1)) {
+    std::fprintf(stderr, "--clock thread needs --threads 1\n");
+    return 2;
+  }
+  std::printf("clock: %s\n", thread_cpu ? "calling thread's CPU time" : "wall");
   for (int t : threads) {
     omp_set_num_threads(t);
-    const double f32_peak = register_fma_peak_gflops(f.has_avx512() ? Isa::avx512 : Isa::avx2, f, t);
-    const double bf16_peak = f.has_avx512_bf16() ? register_bf16_dot_peak_gflops(f, t) : f32_peak;
+#ifdef XMOE_HAVE_OPENBLAS
+    openblas_set_num_threads(t);
+#endif
     const double f32_probe = measure_fma_peak_gflops(best, DType::f32);
     const double bf16_probe = measure_fma_peak_gflops(best, DType::bf16);
-    std::printf(
-        "threads=%d  FMA peak: f32 %.1f, bf16 %.1f GFLOP/s;  in-cache GEMM probe: f32 %.1f, bf16 %.1f\n", t,
-        f32_peak, bf16_peak, f32_probe, bf16_probe);
+    std::printf("threads=%d  in-cache GEMM probe: f32 %.1f, bf16 %.1f GFLOP/s\n", t, f32_probe, bf16_probe);
     for (const BenchShape& s : shapes) {
+      // Re-measured before each shape: the load on a shared machine drifts over a run.
+      Ceilings ceil{};
+      const PeakClock clock = thread_cpu ? PeakClock::thread_cpu : PeakClock::wall;
+      ceil.f32_fma = register_fma_peak_gflops(f.has_avx512() ? Isa::avx512 : Isa::avx2, f, t, 0.2, clock);
+      ceil.bf16_dot = f.has_avx512_bf16() ? register_bf16_dot_peak_gflops(f, t, 0.2, clock) : ceil.f32_fma;
+      std::printf("%s  threads=%d  FMA peak: f32 %.1f, VDPBF16PS %.1f GFLOP/s\n", s.str().c_str(), t,
+                  ceil.f32_fma, ceil.bf16_dot);
       for (const std::string& d : dtypes) {
-        if (d == "f32") bench_shape<float>(s, f32_variants, f32_peak, f32_probe, t, reps);
-        if (d == "bf16") bench_shape<bf16>(s, bf16_variants, bf16_peak, bf16_probe, t, reps);
+        if (d == "f32") ceil.probe = f32_probe, bench_shape<float>(s, f32_variants, ceil, reps, thread_cpu);
+        if (d == "bf16") ceil.probe = bf16_probe, bench_shape<bf16>(s, bf16_variants, ceil, reps, thread_cpu);
       }
     }
-    std::fflush(stdout);
   }
   return 0;
 }

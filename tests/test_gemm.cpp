@@ -13,6 +13,7 @@
 
 #include "kernels/cpu/variants.hpp"
 #include "kernels/gemm_probe.hpp"
+#include "kernels/register_fma_peak.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::kernels {
@@ -27,7 +28,9 @@ struct Variant {
 };
 
 // GoogleTest prints a parameter in test listings; without this it dumps the struct's raw bytes.
-[[maybe_unused]] void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
+[[maybe_unused]] void PrintTo(const Variant& v, std::ostream* os) {
+  *os << v.name;
+}
 
 const Variant kVariants[] = {
     {"reference", Isa::reference, reference::gemm_f32, reference::gemm_bf16, false},
@@ -330,6 +333,17 @@ TEST(GemmProbe, ReportsPositiveRates) {
   EXPECT_THROW(measure_gemm_gflops(t, DType::f32, 0, 8, 8, 0.01), Error);
   t.gemm_bf16 = nullptr;
   EXPECT_THROW(measure_gemm_gflops(t, DType::bf16, 8, 8, 8, 0.01), Error);
+}
+
+// The CPU-time clock (gemm_bench --clock thread) times the one calling thread; more threads are refused.
+TEST(RegisterPeak, ThreadCpuClockNeedsOneThread) {
+  const CpuFeatures f = detect_cpu_features();
+  EXPECT_GT(register_fma_peak_gflops(Isa::reference, f, 1, 0.01, PeakClock::thread_cpu), 0.0);
+  EXPECT_THROW(register_fma_peak_gflops(Isa::reference, f, 2, 0.01, PeakClock::thread_cpu), Error);
+  if (f.has_avx512_bf16()) {
+    EXPECT_GT(register_bf16_dot_peak_gflops(f, 1, 0.01, PeakClock::thread_cpu), 0.0);
+    EXPECT_THROW(register_bf16_dot_peak_gflops(f, 2, 0.01, PeakClock::thread_cpu), Error);
+  }
 }
 
 }  // namespace

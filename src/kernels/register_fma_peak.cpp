@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 #include <omp.h>
+#include <time.h>
 
 #include <algorithm>
 #include <vector>
@@ -67,19 +68,30 @@ __attribute__((target("avx512f,avx512bf16"))) float chains_dpbf16(int64_t iters,
   return _mm512_cvtss_f32(s);
 }
 
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 // GFLOP/s of `chains` on `threads` threads: seven runs of about seconds / 7 each (sized at a guessed
-// 6 GFLOP/s per f32 lane and thread), the median.
+// 6 GFLOP/s per f32 lane and thread), the median. PeakClock::thread_cpu times the one thread's CPU time.
 double chains_rate(float (*chains)(int64_t, float, float), double flops_per_iter, int lanes, int threads,
-                   double seconds) {
+                   double seconds, PeakClock clock) {
   const int64_t iters =
       std::max<int64_t>(1000, static_cast<int64_t>(seconds / 7 * 6e9 * lanes / flops_per_iter));
   std::vector<double> rates;
   float sink = 0;
   for (int run = 0; run < 7; ++run) {
-    const double t0 = omp_get_wtime();
+    const bool cpu = clock == PeakClock::thread_cpu;
+    const double t0 = cpu ? thread_cpu_seconds() : omp_get_wtime();
+    if (cpu) {
+      sink += chains(iters, 0.999f, 1e-3f);
+    } else {
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-    sink += chains(iters, 0.999f, 1e-3f);
-    const double t = omp_get_wtime() - t0;
+      sink += chains(iters, 0.999f, 1e-3f);
+    }
+    const double t = (cpu ? thread_cpu_seconds() : omp_get_wtime()) - t0;
     rates.push_back(threads * static_cast<double>(iters) * flops_per_iter / t / 1e9);
   }
   volatile float keep = sink;  // the chains' results are used
@@ -90,20 +102,26 @@ double chains_rate(float (*chains)(int64_t, float, float), double flops_per_iter
 
 }  // namespace
 
-double register_bf16_dot_peak_gflops(const CpuFeatures& features, int threads, double seconds) {
+double register_bf16_dot_peak_gflops(const CpuFeatures& features, int threads, double seconds,
+                                     PeakClock clock) {
   XMOE_CHECK(features.has_avx512_bf16(), "bf16 dot peak: this CPU/OS has no AVX512-BF16");
   XMOE_CHECK(threads >= 1, "bf16 dot peak: threads must be at least 1, got ", threads);
-  return chains_rate(chains_dpbf16, 4.0 * kChains * 16, 16, threads, seconds);
+  XMOE_CHECK(clock == PeakClock::wall || threads == 1,
+             "bf16 dot peak: the thread CPU clock needs 1 thread, got ", threads);
+  return chains_rate(chains_dpbf16, 4.0 * kChains * 16, 16, threads, seconds, clock);
 }
 
-double register_fma_peak_gflops(Isa isa, const CpuFeatures& features, int threads, double seconds) {
+double register_fma_peak_gflops(Isa isa, const CpuFeatures& features, int threads, double seconds,
+                                PeakClock clock) {
   XMOE_CHECK(isa_supported(features, isa), "fma peak: ", isa_name(isa), " is not supported by this CPU/OS");
   XMOE_CHECK(threads >= 1, "fma peak: threads must be at least 1, got ", threads);
+  XMOE_CHECK(clock == PeakClock::wall || threads == 1, "fma peak: the thread CPU clock needs 1 thread, got ",
+             threads);
   float (*chains)(int64_t, float, float) = chains_scalar;
   int lanes = 1;
   if (isa == Isa::avx2) chains = chains_avx2, lanes = 8;
   if (isa >= Isa::avx512) chains = chains_avx512, lanes = 16;
-  return chains_rate(chains, 2.0 * kChains * lanes, lanes, threads, seconds);
+  return chains_rate(chains, 2.0 * kChains * lanes, lanes, threads, seconds, clock);
 }
 
 }  // namespace xmoe::kernels

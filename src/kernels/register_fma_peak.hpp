@@ -12,10 +12,16 @@ namespace xmoe::kernels {
 // widest vector `isa` has (reference: scalar multiply-add, avx2: 8 lanes, avx512 and above: 16 lanes), for
 // about `seconds` in all: the median of several short runs, so a loaded machine's figure moves with what the
 // kernels it is compared with see. Throws xmoe::Error if this CPU cannot run `isa` or threads < 1.
-double register_fma_peak_gflops(Isa isa, const CpuFeatures& features, int threads, double seconds = 0.2);
+// PeakClock::thread_cpu (threads must be 1) times the calling thread's CPU time instead of the wall clock: on
+// a shared machine it leaves out the time the thread waited for a core, for comparisons with kernels timed
+// the same way (gemm_bench --clock thread).
+enum class PeakClock { wall, thread_cpu };
+double register_fma_peak_gflops(Isa isa, const CpuFeatures& features, int threads, double seconds = 0.2,
+                                PeakClock clock = PeakClock::wall);
 
 // The same for VDPBF16PS chains (AVX512-BF16: 2 bf16 products per f32 lane, 4 flops), the ceiling of the bf16
 // GEMM that uses it; about twice the f32 FMA peak. Throws xmoe::Error without AVX512-BF16 or threads < 1.
-double register_bf16_dot_peak_gflops(const CpuFeatures& features, int threads, double seconds = 0.2);
+double register_bf16_dot_peak_gflops(const CpuFeatures& features, int threads, double seconds = 0.2,
+                                     PeakClock clock = PeakClock::wall);
 
 }  // namespace xmoe::kernels
