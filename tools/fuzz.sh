@@ -38,7 +38,7 @@ if [ "$1" = "--minimize" ] || [ "$1" = "--summary" ]; then
 fi
 [ $# -ge 1 ] || usage
 target=$1
-echo "$targets" | grep -qx "$target" || usage
+grep -qx "$target" <<<"$targets" || usage  # not echo | grep -q: under pipefail, grep's early exit fails echo
 
 if [ "$mode" = summary ]; then
   # The coverage has plateaued when the edge count at half time is the final one.
