@@ -9,9 +9,9 @@
 #                                   log (each line prefixed by the seconds elapsed, for the coverage over
 #                                   time) in build-fuzz/logs/TARGET.log
 #   tools/fuzz.sh --minimize TARGET replaces tests/fuzz/corpus/TARGET by the smallest set of inputs (up to
-#                                   32 KB each, 8 KB for tokenizer.json) that keeps the edge coverage of
-#                                   the committed and the campaign's inputs; inputs that found a bug
-#                                   (crash-*, timeout-*, other names) are always kept
+#                                   2 KB each) that keeps the edge coverage of the committed and the
+#                                   campaign's inputs of that size; inputs that found a bug (crash-*,
+#                                   timeout-*, other names) are always kept
 #   tools/fuzz.sh --summary TARGET  from the last campaign's log: executions, exec/s, edges (cov) after
 #                                   start-up, at half time and at the end, and the time of the last new edge
 #   tools/fuzz.sh --list            prints the targets
@@ -100,11 +100,13 @@ limits=(-rss_limit_mb=2048 -malloc_limit_mb=256 -timeout=1)
 # Inputs stay short where the structure is (headers, bodies, model text), so a campaign makes many executions;
 # templates and tokenizer.json files are longer by nature.
 case "$target" in
-  tokenizer_json) max_len=98304 keep=-9k ;;  # the largest seed, Qwen2's tokenizer.json (80 KB), fits
+  tokenizer_json) max_len=98304 ;;  # the largest seed, Qwen2's tokenizer.json (80 KB), fits
   jinja_template | chat_template_render) max_len=16384 ;;
   *) max_len=4096 ;;
 esac
-keep=${keep:--33k}  # the largest input (find -size) a committed corpus keeps
+# The largest input (find -size) a committed corpus keeps: 2 KB keeps all corpora under 1 MB together; the
+# merge then keeps the smallest inputs that reach the same edges.
+keep=-3k
 
 if [ "$mode" = minimize ]; then
   # Small inputs only, so the committed corpora stay small; merge keeps those adding coverage.
