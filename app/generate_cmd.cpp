@@ -17,6 +17,7 @@
 #include "llm/model_bundle.hpp"
 #include "prefill_flops.hpp"
 #include "process_memory.hpp"
+#include "serve/chat_request.hpp"
 #include "serve/output_parser.hpp"
 #include "xmoe/error.hpp"
 #include "xmoe/tokenizer.hpp"
@@ -190,14 +191,18 @@ int run_generate(const GenerateOptions& o) {
   const llm::Checkpoint& checkpoint = bundle.checkpoint;
 
   std::vector<std::vector<int32_t>> prompts;
+  // Per prompt: the chat template left the reply inside a thinking block (it ends with "<think>"), so the
+  // output parser starts there, as the server's does.
+  std::vector<bool> opens_thinking;
   for (const std::string& text : texts) {
     if (o.chat) {
       llm::ChatPromptOptions chat;
       if (o.system_opt->count()) chat.system = o.system;
       chat.user = text;
       if (o.no_think) chat.enable_thinking = false;
-      prompts.push_back(
-          tokenizer->encode(llm::render_chat_prompt(setup, chat), /*add_special_tokens=*/false));
+      const std::string rendered = llm::render_chat_prompt(setup, chat);
+      opens_thinking.push_back(serve::prompt_opens_thinking(rendered));
+      prompts.push_back(tokenizer->encode(rendered, /*add_special_tokens=*/false));
     } else {
       prompts.push_back(tokenizer->encode(text, /*add_special_tokens=*/true));
     }
@@ -232,10 +237,12 @@ int run_generate(const GenerateOptions& o) {
   // markers are special tokens, which the parser must see).
   const serve::OutputFormat format =
       o.chat ? serve::detect_output_format(setup, checkpoint.config()) : serve::OutputFormat::plain;
-  const auto make_parser = [&]() -> std::unique_ptr<serve::OutputParser> {
+  // For sequence i (prompt i mod the number of prompts).
+  const auto make_parser = [&](int i) -> std::unique_ptr<serve::OutputParser> {
     if (!o.chat) return nullptr;
     serve::OutputParserOptions parser_options;
     parser_options.parse_tools = false;
+    parser_options.starts_in_thinking = opens_thinking[static_cast<size_t>(i) % opens_thinking.size()];
     return serve::make_output_parser(format, parser_options);
   };
   std::vector<serve::OutputEvent> events;
@@ -253,7 +260,7 @@ int run_generate(const GenerateOptions& o) {
     }
     events.clear();
   };
-  std::unique_ptr<serve::OutputParser> stream_parser = make_parser();
+  std::unique_ptr<serve::OutputParser> stream_parser = make_parser(0);
   if (tokenizer)
     engine_options.text_stream =
         llm::tokenizer_text_stream(*tokenizer, !(o.chat && serve::output_format_uses_special_tokens(format)));
@@ -311,23 +318,23 @@ int run_generate(const GenerateOptions& o) {
   std::vector<llm::GenerationResult> results;
   for (llm::RequestId id : ids) results.push_back(engine.take_result(id));
   const llm::GenerationResult& first = results.front();
-  const auto print_output = [&](const llm::GenerationResult& r) {
+  const auto print_output = [&](const llm::GenerationResult& r, int i) {
     if (tokenizer) {
-      std::unique_ptr<serve::OutputParser> parser = make_parser();
+      std::unique_ptr<serve::OutputParser> parser = make_parser(i);
       print_text(parser.get(), r.text, true);
     } else {
       for (int32_t t : r.token_ids) std::printf("%d ", t);
     }
   };
   if (sequences == 1) {
-    if (o.no_stream) print_output(first);
+    if (o.no_stream) print_output(first, 0);
     std::printf("\n");
   } else {
     for (size_t i = 0; i < results.size(); ++i) {
       const llm::GenerationResult& r = results[i];
       std::printf("--- sequence %zu (prompt %zu, %zu tokens, finish %s) ---\n", i, i % prompts.size(),
                   r.token_ids.size(), llm::finish_reason_name(r.finish));
-      print_output(r);
+      print_output(r, static_cast<int>(i));
       std::printf("\n");
     }
   }

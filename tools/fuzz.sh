@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Fuzz campaigns (not part of CI). Builds the libFuzzer targets with clang-14, AddressSanitizer and UBSan in
-# build-fuzz/ if needed (Debian: clang-14 libclang-rt-14-dev libomp-14-dev), then:
+# build-fuzz/ if needed (Debian: clang-14 libclang-rt-14-dev libomp-14-dev, which tools/install-deps.sh leaves
+# out because CI does not fuzz: this script installs them with apt-get when they are missing), then:
 #
-#   tools/fuzz.sh TARGET SECONDS    runs one campaign on tests/fuzz/fuzz_TARGET.cpp: one process, inputs kept in
-#                                   build-fuzz/corpus/TARGET, crashes in build-fuzz/artifacts/TARGET/
+#   tools/fuzz.sh TARGET SECONDS [LIBFUZZER_FLAG...]
+#                                   runs one campaign on tests/fuzz/fuzz_TARGET.cpp: one process, inputs kept in
+#                                   build-fuzz/corpus/TARGET, crashes in build-fuzz/artifacts/TARGET/, the
+#                                   log (each line prefixed by the seconds elapsed, for the coverage over
+#                                   time) in build-fuzz/logs/TARGET.log
 #   tools/fuzz.sh --minimize TARGET replaces tests/fuzz/corpus/TARGET by the smallest set of inputs (up to
-#                                   32 KB each, 8 KB for tokenizer.json) that keeps the edge coverage of
-#                                   the committed and the campaign's inputs; inputs that found a bug
-#                                   (crash-*, timeout-*, other names) are always kept
+#                                   2 KB each) that keeps the edge coverage of the committed and the
+#                                   campaign's inputs of that size; inputs that found a bug (crash-*,
+#                                   timeout-*, other names) are always kept
+#   tools/fuzz.sh --summary TARGET  from the last campaign's log: executions, exec/s, edges (cov) after
+#                                   start-up, at half time and at the end, and the time of the last new edge
 #   tools/fuzz.sh --list            prints the targets
 #
 # Limits: a hang is an input taking over 1 s; the process may not use over 2 GB RSS, and no single allocation
@@ -16,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 targets=$(cd tests/fuzz && ls fuzz_*.cpp | sed 's/^fuzz_//; s/\.cpp$//')
 usage() {
-  echo "usage: $0 TARGET SECONDS | --minimize TARGET | --list" >&2
+  echo "usage: $0 TARGET SECONDS [LIBFUZZER_FLAG...] | --minimize TARGET | --summary TARGET | --list" >&2
   echo "targets: $(echo $targets)" >&2
   exit 2
 }
@@ -26,13 +32,55 @@ if [ "$1" = "--list" ]; then
   exit 0
 fi
 mode=run
-if [ "$1" = "--minimize" ]; then
-  mode=minimize
+if [ "$1" = "--minimize" ] || [ "$1" = "--summary" ]; then
+  mode=${1#--}
   shift
 fi
 [ $# -ge 1 ] || usage
 target=$1
-echo "$targets" | grep -qx "$target" || usage
+grep -qx "$target" <<<"$targets" || usage  # not echo | grep -q: under pipefail, grep's early exit fails echo
+
+if [ "$mode" = summary ]; then
+  # The coverage has plateaued when the edge count at half time is the final one.
+  log=build-fuzz/logs/$target.log
+  [ -f "$log" ] || { echo "$0: no campaign log $log" >&2; exit 1; }
+  awk -v target="$target" '
+    { t = $1 }
+    /INITED cov: / { for (i = 1; i <= NF; ++i) if ($i == "cov:") init = $(i + 1) }
+    /(NEW|pulse|REDUCE|INITED) +cov: / {
+      for (i = 1; i <= NF; ++i) if ($i == "cov:") c = $(i + 1)
+      times[n] = t; covs[n] = c; ++n
+      if (c != last) { last = c; last_new = t }
+    }
+    /stat::number_of_executed_units:/ { runs = $3 }
+    /stat::average_exec_per_sec:/ { rate = $3 }
+    END {
+      half = t / 2; at_half = init
+      for (i = 0; i < n; ++i) if (times[i] <= half) at_half = covs[i]
+      printf "%s: %s executions in %d s, %s exec/s; edges %s at start-up, %s at %d s, %s at the end " \
+             "(last new edge at %d s): plateau %s\n", target, runs, t, rate, init, at_half, half, last,
+             last_new, (at_half == last ? "yes" : "no")
+    }' "$log"
+  exit 0
+fi
+
+# The fuzz toolchain, installed on first use (CI never needs it).
+toolchain=(clang-14 libclang-rt-14-dev libomp-14-dev)
+missing=()
+for p in "${toolchain[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "tools/fuzz.sh: installing the fuzz toolchain (${missing[*]}) with apt-get;" \
+    "tools/install-deps.sh leaves it out because CI does not fuzz" >&2
+  sudo_=""
+  if [ "$(id -u)" -ne 0 ]; then sudo_="sudo"; fi
+  $sudo_ env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+    >/dev/null || {
+    echo "tools/fuzz.sh: could not install ${missing[*]}; install them (Debian 12) and rerun" >&2
+    exit 1
+  }
+fi
 
 if [ ! -f build-fuzz/CMakeCache.txt ]; then
   launcher=()
@@ -46,20 +94,19 @@ committed=tests/fuzz/corpus/$target
 work=build-fuzz/corpus/$target
 seeds=build-fuzz/seeds
 mkdir -p "$work" "$committed" "build-fuzz/artifacts/$target"
-# The checkpoint targets write each input to a scratch directory: keep it in memory, where a loaded disk cannot
-# turn a file write into a false "hang".
-if [ -d /dev/shm ] && [ -w /dev/shm ]; then export TMPDIR=/dev/shm; fi
 export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 limits=(-rss_limit_mb=2048 -malloc_limit_mb=256 -timeout=1)
 # Inputs stay short where the structure is (headers, bodies, model text), so a campaign makes many executions;
 # templates and tokenizer.json files are longer by nature.
 case "$target" in
-  tokenizer_json) max_len=262144 keep=-9k ;;
+  tokenizer_json) max_len=98304 ;;  # the largest seed, Qwen2's tokenizer.json (80 KB), fits
   jinja_template | chat_template_render) max_len=16384 ;;
   *) max_len=4096 ;;
 esac
-keep=${keep:--33k}  # the largest input (find -size) a committed corpus keeps
+# The largest input (find -size) a committed corpus keeps: 2 KB keeps all corpora under 1 MB together; the
+# merge then keeps the smallest inputs that reach the same edges.
+keep=-3k
 
 if [ "$mode" = minimize ]; then
   # Small inputs only, so the committed corpora stay small; merge keeps those adding coverage.
@@ -77,9 +124,20 @@ if [ "$mode" = minimize ]; then
   exit 0
 fi
 
-[ $# -eq 2 ] || usage
+[ $# -ge 2 ] || usage
 seconds=$2
+shift 2  # the rest goes to libFuzzer, e.g. -runs=1000000 to stop after a million executions
 rm -rf "$seeds"
 python3 tools/make_fuzz_seeds.py "$seeds"
+mkdir -p build-fuzz/logs
+log=build-fuzz/logs/$target.log
+# Every line prefixed with the seconds since the start: libFuzzer's "#N NEW cov: E" lines then give the edge
+# count over time, and whether it still grew in the second half of the campaign.
+set +e
+SECONDS=0
 "$binary" "$work" "$committed" "$seeds/$target" "${limits[@]}" -max_len=$max_len -max_total_time="$seconds" \
-  -artifact_prefix="build-fuzz/artifacts/$target/" -print_final_stats=1
+  -artifact_prefix="build-fuzz/artifacts/$target/" -print_final_stats=1 "$@" 2>&1 |
+  while IFS= read -r line; do printf '%5d %s\n' "$SECONDS" "$line"; done | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+exit "$status"

@@ -2,7 +2,7 @@
 # Installs what xmoe needs to build and test on Debian 12 (bookworm): compilers and libraries, and for the
 # server's tests a Python venv (the SDKs come from PyPI in tools/run-tests.sh) and headless Chromium; for the
 # Python package's tests Debian's PyTorch (the oracle) and pytest, and the DLPack header of the C ABI; the
-# GEMM benchmark's peers; clang-14 with its libFuzzer/sanitizer runtime for tools/fuzz.sh (not run by CI).
+# GEMM benchmark's peers. The fuzz campaigns' clang-14 (not run by CI) is installed by tools/fuzz.sh itself.
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
@@ -14,5 +14,3 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   python3-torch python3-pytest >/dev/null
 # Peers of the GEMM benchmark (bench/gemm_bench.cpp, built when either is present): oneDNN and OpenBLAS.
 $SUDO apt-get install -y -qq --no-install-recommends libdnnl-dev libopenblas-dev >/dev/null
-# The fuzz campaigns of tools/fuzz.sh (clang-14, libFuzzer and its sanitizer runtime, OpenMP).
-$SUDO apt-get install -y -qq --no-install-recommends clang-14 libclang-rt-14-dev libomp-14-dev >/dev/null

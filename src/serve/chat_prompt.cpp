@@ -63,6 +63,12 @@ std::string quoted(const std::string& s) {
   return ojson(s).dump(-1, ' ', false, ojson::error_handler_t::replace);
 }
 
+std::string_view without_trailing_space(std::string_view text) {
+  while (!text.empty() && std::string_view(" \t\r\n").find(text.back()) != std::string_view::npos)
+    text.remove_suffix(1);
+  return text;
+}
+
 }  // namespace
 
 std::vector<std::string> forced_tool_names(const ChatRequest& request) {
@@ -109,6 +115,10 @@ std::string forced_tool_prefix(OutputFormat format, const ChatRequest& request) 
   return "";
 }
 
+bool prompt_opens_thinking(std::string_view prompt) {
+  return without_trailing_space(prompt).ends_with("<think>");
+}
+
 RenderedPrompt render_chat_prompt(const llm::ChatSetup& setup, const ChatRequest& request) {
   XMOE_CHECK(
       setup.chat_template.has_value(),
@@ -141,10 +151,8 @@ RenderedPrompt render_chat_prompt(const llm::ChatSetup& setup, const ChatRequest
   const ChatTemplate tmpl = ChatTemplate::parse(*setup.chat_template, setup.chat_template_origin);
   RenderedPrompt out;
   out.text = tmpl.render_ordered(context);
-  std::string_view trimmed = out.text;
-  while (!trimmed.empty() && std::string_view(" \t\r\n").find(trimmed.back()) != std::string_view::npos)
-    trimmed.remove_suffix(1);
-  out.starts_in_thinking = trimmed.ends_with("<think>");
+  const std::string_view trimmed = without_trailing_space(out.text);
+  out.starts_in_thinking = prompt_opens_thinking(out.text);
   if (tools_offered(request)) {
     const OutputFormat format = output_format_of_template(setup);
     out.forced_prefix = forced_tool_prefix(format, request);

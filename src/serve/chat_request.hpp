@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "llm/chat_setup.hpp"
@@ -74,6 +75,10 @@ struct RenderedPrompt {
   bool starts_in_thinking = false;  // the prompt leaves the assistant inside a thinking block
 };
 RenderedPrompt render_chat_prompt(const llm::ChatSetup& setup, const ChatRequest& request);
+// Whether a rendered prompt leaves the assistant inside a thinking block: it ends, white space aside, with
+// "<think>" (GLM-4.7, DeepSeek-V3.1 thinking, Qwen3 thinking models). The output parser must then read the
+// reply as reasoning until "</think>" (OutputParserOptions::starts_in_thinking).
+bool prompt_opens_thinking(std::string_view prompt);
 
 // The tools a call is forced to (tool_choice named: that one; required: every offered tool; else none).
 std::vector<std::string> forced_tool_names(const ChatRequest& request);

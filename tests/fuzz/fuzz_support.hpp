@@ -28,13 +28,16 @@ inline std::string read_file(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// A directory under $TMPDIR (or /tmp) owned by this process for its lifetime: the checkpoint readers take a
-// path, so each input is written there first. One per target process, removed when the process exits.
+// A directory owned by this process for its lifetime: the checkpoint readers take a path, so each input is
+// written there first. In memory (/dev/shm) where there is one: a file write per input on a loaded disk costs
+// more than the parse and can turn into a false "hang"; else under $TMPDIR or /tmp. One per target process,
+// removed when the process exits.
 class ScratchDir {
  public:
   ScratchDir() {
     const char* tmp = std::getenv("TMPDIR");
-    std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/xmoe-fuzz-XXXXXX";
+    const std::string base = ::access("/dev/shm", W_OK | X_OK) == 0 ? "/dev/shm" : tmp && *tmp ? tmp : "/tmp";
+    std::string templ = base + "/xmoe-fuzz-XXXXXX";
     if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("fuzz target: mkdtemp failed");
     path_ = templ;
   }

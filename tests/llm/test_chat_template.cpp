@@ -178,6 +178,16 @@ TEST(ChatTemplateErrors, UnsupportedTagNamesTemplateLineAndConstruct) {
   EXPECT_NE(unclosed.find("endif"), std::string::npos) << unclosed;
   const std::string bad_expr = error_of([] { xmoe::ChatTemplate::parse("\n{{ a + }}", "w"); });
   EXPECT_NE(bad_expr.find("line 2"), std::string::npos) << bad_expr;
+  // Text before the tag on the same line shifts the column by its length (the lexer counts columns from
+  // the line's start as it goes, not by searching back per token).
+  const auto column_of = [](const std::string& what) {
+    const size_t at = what.find("column ");
+    return at == std::string::npos ? -1 : std::stoi(what.substr(at + 7));
+  };
+  const std::string shifted =
+      error_of([] { xmoe::ChatTemplate::parse("{{ 1 }}\n" + std::string(5000, 'x') + "{{ a + }}", "w"); });
+  EXPECT_NE(shifted.find("line 2"), std::string::npos) << shifted;
+  EXPECT_EQ(column_of(shifted), column_of(bad_expr) + 5000) << shifted << " / " << bad_expr;
   EXPECT_NE(
       error_of([] { xmoe::ChatTemplate::parse("{# never closed", "c"); }).find("Missing end of comment"),
       std::string::npos);

@@ -276,6 +276,46 @@ TEST_F(GenerateCliText, ChatTemplateAndStopToken) {
   EXPECT_NE(stopped.output.find("finish: stop"), std::string::npos) << stopped.output;
 }
 
+// GLM-4.7-Flash's published template ends the generation prompt with "<think>": the reply is reasoning until
+// "</think>", so nothing of it is answer text (as the server's parser reads it); --show-reasoning prints it,
+// and with --no-think (the template writes "</think>" itself) it is the answer. The random model does not
+// close the block within the tokens generated (checked), so all of its text is reasoning.
+TEST_F(GenerateCliText, PromptThatOpensThinkingMakesTheReplyReasoning) {
+  const fs::path template_file = fs::path(model()) / "chat_template.jinja";
+  fs::copy_file(std::string(XMOE_TEST_DATA_DIR) + "/chat_templates/GLM-4.7-Flash.jinja", template_file);
+  const std::string chat = "generate --model " + model() +
+                           " --chat --prompt 'Hi there' --max-tokens 6 --temperature 0 --ignore-eos "
+                           "--print-ids --dtype f32";
+  const auto thinking = run_cli(chat);
+  const auto shown = run_cli(chat + " --show-reasoning");
+  const auto answer = run_cli(chat + " --no-think");
+  fs::remove(template_file);
+  ASSERT_EQ(thinking.code, 0) << thinking.output;
+  ASSERT_EQ(shown.code, 0) << shown.output;
+  ASSERT_EQ(answer.code, 0) << answer.output;
+
+  const xmoe::Tokenizer tokenizer = xmoe::Tokenizer::from_file(model() + "/tokenizer.json");
+  const auto text_of = [&](const std::string& output) {
+    const std::string ids = generated_ids(output);
+    std::vector<int32_t> id_list;
+    for (size_t pos = 0; pos < ids.size();) {
+      const size_t comma = std::min(ids.find(',', pos), ids.size());
+      id_list.push_back(std::stoi(ids.substr(pos, comma - pos)));
+      pos = comma + 1;
+    }
+    EXPECT_EQ(id_list.size(), 6u) << output;
+    return tokenizer.decode(id_list, /*skip_special_tokens=*/false);
+  };
+  const std::string reasoning = text_of(thinking.output);
+  ASSERT_FALSE(reasoning.empty());
+  ASSERT_EQ(reasoning.find("</think>"), std::string::npos) << reasoning;
+  EXPECT_EQ(stdout_text(thinking.output), "") << thinking.output;
+  EXPECT_EQ(generated_ids(shown.output), generated_ids(thinking.output));
+  EXPECT_NE(shown.output.find(reasoning), std::string::npos) << shown.output;
+  // Thinking off: the reply (another prompt, so other ids) is answer text.
+  EXPECT_EQ(stdout_text(answer.output), text_of(answer.output)) << answer.output;
+}
+
 TEST(GenerateCliErrors, BadArgumentsAndMissingFilesGiveClearErrors) {
   const std::string model = " --model " + kModels + "/tied-sparse";
   struct Case {

@@ -316,6 +316,14 @@ TEST(Tokenizer, MalformedFilesNameTheField) {
   j = tiny_json();
   j["model"]["vocab"]["Ġthe"] = "seven";
   expect_error(j, "model.vocab.Ġthe");
+  // One id far beyond the others would size the id table at 300 MB (found by fuzzing); a hole within the
+  // bound still loads.
+  j = tiny_json();
+  j["model"]["vocab"]["Ġthe"] = 9741451;
+  expect_error(j, "model.vocab: id 9741451 is too large");
+  j = tiny_json();
+  j["model"]["vocab"]["Ġthe"] = 200000;
+  EXPECT_EQ(xmoe::Tokenizer::from_json(j.dump(), "holes.json").token_to_id("Ġthe"), 200000);
 
   j = tiny_json();
   j["pre_tokenizer"]["pretokenizers"][1]["type"] = "Metaspace";

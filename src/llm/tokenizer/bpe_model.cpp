@@ -95,6 +95,12 @@ BpeModel::BpeModel(const Json& model, const JsonPath& at) {
     vocab_.insert_or_assign(it.key(), id);
     max_id = std::max(max_id, id);
   }
+  // The id table is dense. Ids may leave holes (the test fixtures keep real ids of a few thousand entries),
+  // but one entry claiming a huge id must not make it allocate gigabytes (found by fuzzing): ids stay below
+  // 2^20 (four times the largest vocabularies in use) or twice the entries of a bigger vocabulary.
+  const int64_t max_table = std::max<int64_t>(int64_t{1} << 20, 2 * static_cast<int64_t>(vocab.size()));
+  XMOE_CHECK(max_id < max_table, (at / "vocab").str(), ": id ", max_id, " is too large for a vocabulary of ",
+             vocab.size(), " entries (ids must be below ", max_table, ")");
   id_to_token_.resize(static_cast<size_t>(max_id) + 1);
   has_id_.assign(id_to_token_.size(), false);
   for (const auto& [token, id] : vocab_) {

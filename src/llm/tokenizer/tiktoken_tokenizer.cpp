@@ -90,11 +90,16 @@ Regex pattern_of(const Json& config, const JsonPath& root) {
 
 TiktokenTokenizer::TiktokenTokenizer(std::string_view model_text, const std::string& model_where,
                                      const Json& config, const std::string& config_where)
-    : vocabulary_(model_text, model_where), pattern_(pattern_of(config, JsonPath{config_where, ""})) {
+    : TiktokenTokenizer(std::make_shared<const TiktokenVocabulary>(model_text, model_where), config,
+                        config_where) {}
+
+TiktokenTokenizer::TiktokenTokenizer(std::shared_ptr<const TiktokenVocabulary> vocabulary, const Json& config,
+                                     const std::string& config_where)
+    : vocabulary_(std::move(vocabulary)), pattern_(pattern_of(config, JsonPath{config_where, ""})) {
   const JsonPath root{config_where, ""};
   XMOE_CHECK(config.is_null() || config.is_object(), config_where,
              ": expected a JSON object at the top level");
-  const int32_t first = vocabulary_.size();
+  const int32_t first = vocabulary_->size();
   std::map<int32_t, AddedToken> named =
       parse_added_tokens_decoder(config, root, int64_t{first} + kReservedSpecialTokens);
   // HF matches every added_tokens_decoder entry in the text (with its flags); tiktoken then matches the
@@ -132,7 +137,7 @@ std::vector<int32_t> TiktokenTokenizer::encode(std::string_view text, bool /*add
     }
     for_each_wrapper_chunk(part.text, [&](std::string_view chunk) {
       for (const auto& [begin, end] : pattern_.find_all(chunk))
-        vocabulary_.encode_piece(chunk.substr(begin, end - begin), ids);
+        vocabulary_->encode_piece(chunk.substr(begin, end - begin), ids);
     });
   }
   return ids;
@@ -141,7 +146,7 @@ std::vector<int32_t> TiktokenTokenizer::encode(std::string_view text, bool /*add
 std::optional<std::string> TiktokenTokenizer::decoded_piece(int32_t id, bool skip_special_tokens) const {
   if (skip_special_tokens && is_special(id)) return std::nullopt;
   // tiktoken's decode_bytes: a rank's bytes, a special token's name.
-  if (id >= 0 && id < vocabulary_.size()) return vocabulary_.bytes_of(id);
+  if (id >= 0 && id < vocabulary_->size()) return vocabulary_->bytes_of(id);
   if (const AddedToken* token = specials_->by_id(id)) return token->content;
   return std::nullopt;
 }
@@ -149,18 +154,18 @@ std::optional<std::string> TiktokenTokenizer::decoded_piece(int32_t id, bool ski
 std::optional<int32_t> TiktokenTokenizer::token_to_id(std::string_view token) const {
   if (auto id = specials_->token_to_id(token)) return id;
   // Token strings are the bytes in GPT-2's printable byte-level form, as tokenization_kimi.py's vocabulary.
-  if (auto bytes = byte_level_table().decode(token)) return vocabulary_.rank_of(*bytes);
+  if (auto bytes = byte_level_table().decode(token)) return vocabulary_->rank_of(*bytes);
   return std::nullopt;
 }
 
 std::string TiktokenTokenizer::id_to_token(int32_t id) const {
   if (const AddedToken* token = specials_->by_id(id)) return token->content;
-  if (id >= 0 && id < vocabulary_.size()) return byte_level_table().encode(vocabulary_.bytes_of(id));
+  if (id >= 0 && id < vocabulary_->size()) return byte_level_table().encode(vocabulary_->bytes_of(id));
   return {};
 }
 
 int64_t TiktokenTokenizer::vocab_size() const {
-  return std::max<int64_t>(vocabulary_.size() - 1, specials_->max_id()) + 1;
+  return std::max<int64_t>(vocabulary_->size() - 1, specials_->max_id()) + 1;
 }
 
 }  // namespace tokenizer_detail

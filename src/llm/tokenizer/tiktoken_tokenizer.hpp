@@ -49,6 +49,10 @@ class TiktokenTokenizer final : public TokenizerImpl {
   // reserved names only).
   TiktokenTokenizer(std::string_view model_text, const std::string& model_where, const Json& config,
                     const std::string& config_where);
+  // Over a vocabulary already parsed, which tokenizers with different configs may share (the fuzz target
+  // varies the config over one vocabulary without parsing it again per input).
+  TiktokenTokenizer(std::shared_ptr<const TiktokenVocabulary> vocabulary, const Json& config,
+                    const std::string& config_where);
 
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const override;
   std::optional<std::string> decoded_piece(int32_t id, bool skip_special_tokens) const override;
@@ -59,10 +63,10 @@ class TiktokenTokenizer final : public TokenizerImpl {
 
   // The pre-tokenizer's pieces of one chunk of text (tests compare them with the regex oracle).
   std::vector<std::string_view> split(std::string_view text) const;
-  const TiktokenVocabulary& vocabulary() const { return vocabulary_; }
+  const TiktokenVocabulary& vocabulary() const { return *vocabulary_; }
 
  private:
-  TiktokenVocabulary vocabulary_;
+  std::shared_ptr<const TiktokenVocabulary> vocabulary_;
   Regex pattern_;
   std::unique_ptr<AddedVocabulary> specials_;
 };
