@@ -19,7 +19,10 @@ double causal_pairs(double t, int64_t window) {
 
 double prefill_flops(const llm::ModelConfig& c, int64_t tokens) {
   const llm::LayerShapeFields* shapes = llm::layer_shape_fields(c);
-  const std::optional<llm::MlaDims> mla = shapes ? shapes->mla_dims(c) : std::nullopt;
+  const std::optional<llm::MlaDims> mla_or = shapes ? shapes->mla_dims(c) : std::nullopt;
+  // value_or instead of reading through the optional in the loop: GCC 12 warns maybe-uninitialized there
+  const bool is_mla = mla_or.has_value();
+  const llm::MlaDims mla = mla_or.value_or(llm::MlaDims{});
   const double shared = shapes ? static_cast<double>(shapes->shared_expert_intermediate(c)) : 0.0;
   const double d = static_cast<double>(c.hidden_size), t = static_cast<double>(tokens);
   const double heads = c.num_attention_heads;
@@ -27,11 +30,10 @@ double prefill_flops(const llm::ModelConfig& c, int64_t tokens) {
   double attention = 0;
   for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
     const double pairs = causal_pairs(t, c.attention_window(layer));
-    if (mla) {
-      const double qk = mla->qk_head(), v = mla->v_head, lora = mla->kv_lora_rank;
-      per_token +=
-          mla->q_lora_rank > 0 ? d * mla->q_lora_rank + mla->q_lora_rank * heads * qk : d * heads * qk;
-      per_token += d * mla->latent_width() + lora * heads * (mla->qk_nope + v) + heads * v * d;
+    if (is_mla) {
+      const double qk = mla.qk_head(), v = mla.v_head, lora = mla.kv_lora_rank;
+      per_token += mla.q_lora_rank > 0 ? d * mla.q_lora_rank + mla.q_lora_rank * heads * qk : d * heads * qk;
+      per_token += d * mla.latent_width() + lora * heads * (mla.qk_nope + v) + heads * v * d;
       attention += heads * (qk + v) * pairs;
     } else {
       const double q = heads * c.head_dim, kv = static_cast<double>(c.num_key_value_heads) * c.head_dim;
