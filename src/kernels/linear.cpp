@@ -19,6 +19,11 @@ LinearFn kernel_for(const KernelTable& table, const PackedWeight& w) {
 
 }  // namespace
 
+int threads_for_macs(double macs) {
+  if (omp_in_parallel()) return 1;
+  return static_cast<int>(std::clamp(macs / (1 << 16), 1.0, double(omp_get_max_threads())));
+}
+
 void linear_forward_columns(const KernelTable& table, const PackedWeight& w, const float* x, int64_t m,
                             int64_t ldx, int64_t n0, int64_t n1, float* y, int64_t ldy) {
   const LinearFn fn = kernel_for(table, w);
@@ -34,10 +39,10 @@ void linear_forward(const KernelTable& table, const PackedWeight& w, const float
   const int64_t n = w.rows;
   if (m == 0 || n == 0) return;
   LinearArgs args{x, m, ldx, &w, 0, n, y, ldy};
-  // Enough work per thread to pay for the team; column blocks are whole multiples of 8 (the kernels' tile).
-  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(w.cols);
-  const int threads = static_cast<int>(std::clamp(work / (1 << 16), 1.0, double(omp_get_max_threads())));
-  if (threads <= 1 || omp_in_parallel()) {
+  // Column blocks are whole multiples of 8 (the kernels' tile).
+  const int threads =
+      threads_for_macs(static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(w.cols));
+  if (threads <= 1) {
     fn(args);
     return;
   }

@@ -14,6 +14,10 @@ namespace xmoe::kernels {
 // (≥ w.rows). Throws naming the format when the table has no kernel for it.
 void linear_forward(const KernelTable& table, const PackedWeight& w, const float* x, int64_t m, int64_t ldx,
                     float* y, int64_t ldy);
+// Threads worth starting for `macs` multiply-adds: enough work per thread to pay for the team, at most
+// OpenMP's maximum, 1 inside a parallel region. The linear driver and the MoE experts' schedule size teams by
+// it.
+int threads_for_macs(double macs);
 // Output columns [n0, n1) of linear_forward on the calling thread alone, for callers that schedule many
 // products over their own threads (the experts of a MoE layer). Any column split gives the bits of the whole
 // product: each output's summation order depends only on k.

@@ -16,8 +16,6 @@ bool has_shape(const kernels::PackedWeight& w, int64_t rows, int64_t cols) {
   return w.rows == rows && w.cols == cols;
 }
 
-// Multiply-adds a thread must get before another one pays for its start (the linear driver's figure).
-constexpr double kMacsPerThread = 1 << 16;
 // Rows per activation work item.
 constexpr int64_t kActivationRows = 16;
 
@@ -96,10 +94,7 @@ void PackedSwigluExperts::forward_rows(const float* x, std::span<const ExpertRan
   // row chunks, then (expert, column tile) items of down. The same items run for any team, each output
   // computed by the one item that owns it, so the team size changes no bit.
   const double macs = static_cast<double>(routed_rows) * static_cast<double>(3 * I * M);
-  const int threads =
-      omp_in_parallel()
-          ? 1
-          : static_cast<int>(std::clamp(macs / kMacsPerThread, 1.0, double(omp_get_max_threads())));
+  const int threads = kernels::threads_for_macs(macs);
   plan_expert_tiles(ranges, 2 * I, threads, gate_up_tiles_);
   plan_expert_tiles(ranges, M, threads, down_tiles_);
   row_chunks_.clear();
