@@ -53,16 +53,16 @@ MlaAttention::MlaAttention(const MlaDims& dims, MlaWeights weights, MlaForm form
   XMOE_CHECK(static_cast<int64_t>(w_.kv_a_norm.size()) == R &&
                  static_cast<int64_t>(w_.q_a_norm.size()) == d_.q_lora_rank,
              "MLA attention: latent norm sizes do not match kv_lora_rank / q_lora_rank");
-  // W_UK transposed, [R, heads·nope] (row r: W_UK[h][i, r] for every head h, i), and W_UV, [heads·dv, R]:
-  // per-head views of these are the absorbed form's linear weights; whole, the expanded form's GEMM operands.
+  // Per head W_UKᵀ, [R, nope], and W_UV, [dv, R], each contiguous: the absorbed form's linear weights (one
+  // stream per head) and the expanded form's GEMM operands.
   const int nope = d_.qk_nope, dv = d_.v_head, nh = d_.heads;
-  uk_t_.resize(static_cast<size_t>(R * nh * nope));
+  uk_t_.resize(static_cast<size_t>(int64_t{nh} * R * nope));
   uv_.resize(static_cast<size_t>(int64_t{nh} * dv * R));
   std::vector<float> row(static_cast<size_t>(R));
   for (int h = 0; h < nh; ++h) {
     for (int i = 0; i < nope; ++i) {
       w_.kv_b.row_to_f32(h * per_head + i, row.data());
-      for (int64_t r = 0; r < R; ++r) uk_t_[static_cast<size_t>(r * nh * nope + h * nope + i)] = row[r];
+      for (int64_t r = 0; r < R; ++r) uk_t_[static_cast<size_t>((h * R + r) * nope + i)] = row[r];
     }
     for (int j = 0; j < dv; ++j)
       w_.kv_b.row_to_f32(h * per_head + nope + j, uv_.data() + (int64_t{h} * dv + j) * R);
@@ -157,11 +157,11 @@ void MlaAttention::attend(const kernels::KernelTable& table, KvCache& cache, int
 }
 
 kernels::PackedWeight MlaAttention::uk_view(int h) const {
-  const int64_t nope = d_.qk_nope;
+  const int64_t R = d_.kv_lora_rank, nope = d_.qk_nope;
   kernels::PackedWeight w;
-  w.rows = d_.kv_lora_rank, w.cols = nope;
-  w.data = reinterpret_cast<const std::byte*>(uk_t_.data() + h * nope);
-  w.row_bytes = int64_t{d_.heads} * nope * static_cast<int64_t>(sizeof(float));
+  w.rows = R, w.cols = nope;
+  w.data = reinterpret_cast<const std::byte*>(uk_t_.data() + h * R * nope);
+  w.row_bytes = nope * static_cast<int64_t>(sizeof(float));
   return w;
 }
 
@@ -251,11 +251,11 @@ void MlaAttention::attend_expanded(const kernels::KernelTable& table, KvCache& c
   const int R = d_.kv_lora_rank, L = d_.latent_width(), nope = d_.qk_nope, dr = d_.qk_rope, nh = d_.heads;
   const int qh = d_.qk_head(), dv = d_.v_head;
   const int64_t q_width = int64_t{nh} * qh, o_width = int64_t{nh} * dv, bs = cache.block_size();
-  const int64_t k_width = int64_t{nh} * qh, nope_width = int64_t{nh} * nope;
+  const int64_t k_width = int64_t{nh} * qh;
   // Per chunk: its sequence's latents in f32, then K = [k_nope | k_pe] and V of every head and position,
   // laid out as one block per bs positions for the attention kernel.
   std::vector<Buffer<float>> keys(chunks.size()), values(chunks.size());
-  Buffer<float> latents, k_nope;
+  Buffer<float> latents;
   std::vector<kernels::AttentionSequence> seqs;
   std::vector<const void*> blocks;
   std::vector<size_t> block_start;
@@ -271,27 +271,24 @@ void MlaAttention::attend_expanded(const kernels::KernelTable& table, KvCache& c
       else
         table.bf16_to_f32(static_cast<const bf16*>(block), lat + p0 * L, count * L);
     }
-    float* kn = k_nope.ensure(static_cast<size_t>(P * nope_width));
-    table.gemm_f32({.m = P,
-                    .n = nope_width,
-                    .k = R,
-                    .a = lat,
-                    .lda = L,
-                    .b = uk_t_.data(),
-                    .ldb = nope_width,
-                    .c = kn,
-                    .ldc = nope_width});
     // Whole blocks: the kernel loads a block's chunks whole (positions past P masked, kept finite here).
     const int64_t padded = (P + bs - 1) / bs * bs;
     float* k = keys[i].ensure(static_cast<size_t>(padded * k_width));
     std::fill(k + P * k_width, k + padded * k_width, 0.0f);
+    for (int h = 0; h < nh; ++h)
+      table.gemm_f32({.m = P,
+                      .n = nope,
+                      .k = R,
+                      .a = lat,
+                      .lda = L,
+                      .b = uk_t_.data() + int64_t{h} * R * nope,
+                      .ldb = nope,
+                      .c = k + int64_t{h} * qh,
+                      .ldc = k_width});
     moe::parallel_rows(P, 16, [&](int64_t a, int64_t b) {
       for (int64_t p = a; p < b; ++p)
-        for (int h = 0; h < nh; ++h) {
-          float* dst = k + p * k_width + int64_t{h} * qh;
-          std::copy_n(kn + p * nope_width + int64_t{h} * nope, nope, dst);
-          std::copy_n(lat + p * L + R, dr, dst + nope);
-        }
+        for (int h = 0; h < nh; ++h)
+          std::copy_n(lat + p * L + R, dr, k + p * k_width + int64_t{h} * qh + nope);
     });
     float* v = values[i].ensure(static_cast<size_t>(padded * o_width));
     std::fill(v + P * o_width, v + padded * o_width, 0.0f);

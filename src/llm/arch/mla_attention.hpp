@@ -83,8 +83,8 @@ class MlaAttention final : public AttentionLayer {
   MlaDims d_;
   MlaWeights w_;
   MlaForm form_;
-  // kv_b_proj in f32 (any checkpoint format), per head W_UK and W_UV: uk_t_ = [kv_lora, heads·nope] (W_UKᵀ of
-  // every head side by side), uv_ = [heads·v_head, kv_lora].
+  // kv_b_proj in f32 (any checkpoint format) as per-head blocks: uk_t_ = [heads][kv_lora][nope] (W_UKᵀ),
+  // uv_ = [heads][v_head][kv_lora] (W_UV).
   std::vector<float> uk_t_, uv_;
 };
 
