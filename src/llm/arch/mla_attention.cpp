@@ -1,12 +1,9 @@
 #include "llm/arch/mla_attention.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/attention.hpp"
-
 #include "kernels/linear.hpp"
 #include "llm/layers/rmsnorm.hpp"
 #include "moe/parallel.hpp"
