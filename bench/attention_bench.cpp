@@ -358,7 +358,7 @@ void run_mla(const KernelTable& table, const CpuFeatures& features, int threads,
 
 int main(int argc, char** argv) {
   int threads = 2, reps = 5;
-  std::string mode = "gqa", isa;
+  std::string mode = "gqa", isa_flag;
   std::vector<int64_t> lengths = {512, 2048}, contexts, decode_seqs;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
@@ -375,7 +375,7 @@ int main(int argc, char** argv) {
     else if (flag == "--mode" && (value == "gqa" || value == "mla"))
       mode = value;
     else if (flag == "--isa")
-      isa = value;
+      isa_flag = value;
     else {
       std::fprintf(stderr, "bench_attention: unknown flag or value: %s %s\n", flag.c_str(), value.c_str());
       return 2;
@@ -383,21 +383,20 @@ int main(int argc, char** argv) {
   }
   omp_set_num_threads(threads);
   const CpuFeatures features = detect_cpu_features();
-  std::printf(
-      "cpu features: %s; %d threads; shape: %d q heads, %d kv heads, head_dim %d, bf16 cache, "
-      "%d-position blocks; medians of %d runs\n",
-      features.str().c_str(), threads, kHeads, kKvHeads, kDim, kBlock, reps);
-  std::vector<Isa> levels;
-  for (Isa isa : {Isa::avx2, Isa::avx512})
-    if (isa_supported(features, isa)) levels.push_back(isa);
+  std::printf("cpu features: %s; %d threads; medians of %d runs\n", features.str().c_str(), threads, reps);
   const KernelTable& best =
-      isa.empty() ? best_kernel_table(features) : kernel_table(parse_isa(isa), features);
+      isa_flag.empty() ? best_kernel_table(features) : kernel_table(parse_isa(isa_flag), features);
   if (mode == "mla") {
     run_mla(best, features, threads, reps, lengths,
             contexts.empty() ? std::vector<int64_t>{512, 4096} : contexts,
             decode_seqs.empty() ? std::vector<int64_t>{1, 8, 16} : decode_seqs);
     return 0;
   }
+  std::printf("shape: %d q heads, %d kv heads, head_dim %d, bf16 cache, %d-position blocks\n", kHeads,
+              kKvHeads, kDim, kBlock);
+  std::vector<Isa> levels;
+  for (Isa isa : {Isa::avx2, Isa::avx512})
+    if (isa_supported(features, isa)) levels.push_back(isa);
   if (contexts.empty()) contexts = lengths;
   if (decode_seqs.empty()) decode_seqs = {16};
 
