@@ -8,15 +8,13 @@
 // --mode mla: DeepSeek-V3's multi-head latent attention (128 heads, kv_lora_rank 512, rope 64, nope 128,
 // v 128), MlaAttention::attend between the projections, next to the loops it replaced (main at 255e35f):
 //  * prefill of one L-token sequence in the expanded form: GFLOP/s (kv_b_proj expansion + attention) as a
-//  share
-//    of the register FMA peak measured in the same run;
-//  * batched decode of S sequences at context C in the absorbed form: bytes (latents + W_UK/W_UV) per second
-//  as
-//    a share of the read-bandwidth probe, and GFLOP/s as a share of the FMA peak (absorbed decode does ~240
-//    FLOPs per latent byte, so at these contexts it is bound by arithmetic, not by the cache's bytes).
+//    share of the register FMA peak measured in the same run;
+//  * batched decode of S sequences at context C in the absorbed form: bytes (latents + W_UK/W_UV) per
+//    second as a share of the read-bandwidth probe, and GFLOP/s as a share of the FMA peak (absorbed decode
+//    does ~240 FLOPs per latent byte, so at these contexts arithmetic bounds it, not the cache's bytes).
 // Prints medians over --reps runs.
 //
-//   bench_attention [--threads 2] [--reps 5] [--lengths 512,2048] [--decode-seqs 16]
+//   bench_attention [--threads 2] [--reps 5] [--lengths 512,2048] [--contexts (the lengths)] [--decode-seqs 16]
 //   bench_attention --mode mla [--isa avx512] [--threads 2] [--reps 3] [--lengths 512,2048]
 //                   [--contexts 512,4096] [--decode-seqs 1,8,16]
 #include <omp.h>
@@ -175,7 +173,7 @@ struct MlaSetup {
   std::vector<float> q, attn;
   int64_t len, rows;
 
-  MlaSetup(int64_t num_seqs, int64_t len_, int64_t rows_, llm::MlaForm form) : len(len_), rows(rows_) {
+  MlaSetup(int64_t num_seqs, int64_t len_, int64_t rows_) : len(len_), rows(rows_) {
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
     kv_b.resize(static_cast<size_t>(kMlaHeads) * (kMlaNope + kMlaV) * kMlaRank);
@@ -188,7 +186,8 @@ struct MlaSetup {
     w.kv_b.data = reinterpret_cast<const std::byte*>(kv_b.data());
     w.kv_b.row_bytes = kMlaRank * static_cast<int64_t>(sizeof(float));
     w.kv_a_norm.assign(kMlaRank, 1.0f);
-    mla = std::make_unique<llm::MlaAttention>(d, std::move(w), form);
+    // The automatic form: expanded for prefill chunks, absorbed for one-row decode chunks.
+    mla = std::make_unique<llm::MlaAttention>(d, std::move(w));
     const llm::KvCacheShape shape{1, 1, 1, {}, {kMlaLatent}};
     const size_t blocks = static_cast<size_t>(num_seqs * ((len + kBlock - 1) / kBlock));
     cache = std::make_unique<llm::KvCache>(shape, DType::bf16, blocks * kBlock * kMlaLatent * sizeof(bf16),
@@ -318,7 +317,7 @@ void run_mla(const KernelTable& table, const CpuFeatures& features, int threads,
   const double peak = register_fma_peak_gflops(table.isa, features, threads);
   std::printf("register FMA peak (%s, %d threads): %.1f GFLOP/s\n", isa_name(table.isa), threads, peak);
   for (int64_t len : lengths) {
-    MlaSetup st(1, len, len, llm::MlaForm::automatic);
+    MlaSetup st(1, len, len);
     // kv_b_proj over every position (k_nope and v of every head), then q·k over nope + rope and p·v.
     const double gflop = (2.0 * len * kMlaRank * kMlaHeads * (kMlaNope + kMlaV) +
                           2.0 * st.pairs() * kMlaHeads * (kMlaQk + kMlaV)) *
@@ -335,7 +334,7 @@ void run_mla(const KernelTable& table, const CpuFeatures& features, int threads,
   std::printf("read bandwidth probe: %.1f GB/s\n", bandwidth);
   for (int64_t seqs : decode_seqs)
     for (int64_t len : contexts) {
-      MlaSetup st(seqs, len, 1, llm::MlaForm::automatic);
+      MlaSetup st(seqs, len, 1);
       // Bytes: the latent rows plus W_UK and W_UV in f32; FLOPs: the absorption products and q·k over
       // kv_lora + rope, p·v over kv_lora for every head.
       const double bytes = static_cast<double>(seqs) * len * kMlaLatent * sizeof(bf16) +
