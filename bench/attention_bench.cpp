@@ -14,7 +14,7 @@
 //    does ~240 FLOPs per latent byte, so at these contexts arithmetic bounds it, not the cache's bytes).
 // Prints medians over --reps runs.
 //
-//   bench_attention [--threads 2] [--reps 5] [--lengths 512,2048] [--contexts (the lengths)] [--decode-seqs 16]
+//   bench_attention [--threads 2] [--reps 5] [--lengths 512,2048] [--contexts 512,2048] [--decode-seqs 16]
 //   bench_attention --mode mla [--isa avx512] [--threads 2] [--reps 3] [--lengths 512,2048]
 //                   [--contexts 512,4096] [--decode-seqs 1,8,16]
 #include <omp.h>
