@@ -1,10 +1,9 @@
 #include "llm/arch/mla_attention.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/attention.hpp"
 #include "kernels/linear.hpp"
 #include "llm/layers/rmsnorm.hpp"
 #include "moe/parallel.hpp"
@@ -36,16 +35,6 @@ void scatter_rope(const float* in, int heads, int dim, float* x, int64_t stride)
   for (int h = 0; h < heads; ++h) std::copy(in + h * dim, in + (h + 1) * dim, x + h * stride);
 }
 
-// s[0, n) replaced by its softmax (max-subtracted, f32).
-void softmax(float* s, int64_t n) {
-  float m = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, s[i]);
-  float sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += (s[i] = std::exp(s[i] - m));
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < n; ++i) s[i] *= inv;
-}
-
 }  // namespace
 
 MlaAttention::MlaAttention(const MlaDims& dims, MlaWeights weights, MlaForm form)
@@ -61,17 +50,24 @@ MlaAttention::MlaAttention(const MlaDims& dims, MlaWeights weights, MlaForm form
   XMOE_CHECK(static_cast<int64_t>(w_.kv_a_norm.size()) == R &&
                  static_cast<int64_t>(w_.q_a_norm.size()) == d_.q_lora_rank,
              "MLA attention: latent norm sizes do not match kv_lora_rank / q_lora_rank");
-  kv_b_.resize(static_cast<size_t>(w_.kv_b.rows * R));
-  for (int64_t r = 0; r < w_.kv_b.rows; ++r) w_.kv_b.row_to_f32(r, kv_b_.data() + r * R);
-  kv_b_f32_.format = kernels::WeightFormat::f32;
-  kv_b_f32_.rows = w_.kv_b.rows;
-  kv_b_f32_.cols = R;
-  kv_b_f32_.data = reinterpret_cast<const std::byte*>(kv_b_.data());
-  kv_b_f32_.row_bytes = R * static_cast<int64_t>(sizeof(float));
+  // Per head W_UKᵀ, [R, nope], and W_UV, [dv, R], each contiguous: the absorbed form's linear weights (one
+  // stream per head) and the expanded form's GEMM operands.
+  const int nope = d_.qk_nope, dv = d_.v_head, nh = d_.heads;
+  uk_t_.resize(static_cast<size_t>(int64_t{nh} * R * nope));
+  uv_.resize(static_cast<size_t>(int64_t{nh} * dv * R));
+  std::vector<float> row(static_cast<size_t>(R));
+  for (int h = 0; h < nh; ++h) {
+    for (int i = 0; i < nope; ++i) {
+      w_.kv_b.row_to_f32(h * per_head + i, row.data());
+      for (int64_t r = 0; r < R; ++r) uk_t_[static_cast<size_t>((h * R + r) * nope + i)] = row[r];
+    }
+    for (int j = 0; j < dv; ++j)
+      w_.kv_b.row_to_f32(h * per_head + nope + j, uv_.data() + (int64_t{h} * dv + j) * R);
+  }
 }
 
 size_t MlaAttention::bytes() const {
-  size_t n = w_.kv_a.bytes() + w_.o.bytes() + kv_b_.size() * sizeof(float) +
+  size_t n = w_.kv_a.bytes() + w_.o.bytes() + (uk_t_.size() + uv_.size()) * sizeof(float) +
              (w_.q_a_norm.size() + w_.kv_a_norm.size()) * sizeof(float);
   n += d_.q_lora_rank > 0 ? w_.q_a.bytes() + w_.q_b.bytes() : w_.q.bytes();
   return n;
@@ -139,114 +135,189 @@ void MlaAttention::forward(const kernels::KernelTable& table, const Rope& rope, 
     }
   }
 
-  const int64_t o_width = int64_t{nh} * d_.v_head;
-  float* attn = scratch.attn.ensure(static_cast<size_t>(T * o_width));
-  std::vector<int64_t> absorbed;  // rows run in the absorbed form
-  for (size_t c = 0; c < step.seq.size(); ++c) {
-    const int64_t n = step.first[c + 1] - step.first[c];
-    const bool absorb = form_ == MlaForm::absorbed || (form_ == MlaForm::automatic && n == 1);
-    if (absorb) {
-      for (int64_t t = step.first[c]; t < step.first[c + 1]; ++t) absorbed.push_back(t);
-    } else {
-      attend_expanded(table, cache, layer, step.seq[c], step.start[c], n, q + step.first[c] * q_width,
-                      q_width, attn + step.first[c] * o_width, o_width);
-    }
-  }
-  const int64_t items = static_cast<int64_t>(absorbed.size()) * nh;
-#pragma omp parallel for schedule(dynamic, 4) if (items > 1)
-  for (int64_t it = 0; it < items; ++it) {
-    const int64_t t = absorbed[static_cast<size_t>(it / nh)];
-    const int h = static_cast<int>(it % nh);
-    const auto c = static_cast<size_t>(step.chunk_of[static_cast<size_t>(t)]);
-    attend_absorbed(table, cache, layer, step.seq[c], step.start[c] + (t - step.first[c]),
-                    q + t * q_width + int64_t{h} * qh, attn + t * o_width + int64_t{h} * d_.v_head, h);
-  }
+  float* attn = scratch.attn.ensure(static_cast<size_t>(T * int64_t{nh} * d_.v_head));
+  attend(table, cache, layer, step, q, attn);
   kernels::linear_forward(table, w_.o, attn, T, out);
 }
 
+bool MlaAttention::absorbs(int64_t rows) const {
+  return form_ == MlaForm::absorbed || (form_ == MlaForm::automatic && rows == 1);
+}
+
+void MlaAttention::attend(const kernels::KernelTable& table, KvCache& cache, int layer, const StepRows& step,
+                          const float* q, float* attn) const {
+  std::vector<size_t> absorbed, expanded;
+  for (size_t c = 0; c < step.seq.size(); ++c)
+    (absorbs(step.first[c + 1] - step.first[c]) ? absorbed : expanded).push_back(c);
+  if (!absorbed.empty()) attend_absorbed(table, cache, layer, step, absorbed, q, attn);
+  if (!expanded.empty()) attend_expanded(table, cache, layer, step, expanded, q, attn);
+}
+
+kernels::PackedWeight MlaAttention::uk_view(int h) const {
+  const int64_t R = d_.kv_lora_rank, nope = d_.qk_nope;
+  kernels::PackedWeight w;
+  w.rows = R, w.cols = nope;
+  w.data = reinterpret_cast<const std::byte*>(uk_t_.data() + h * R * nope);
+  w.row_bytes = nope * static_cast<int64_t>(sizeof(float));
+  return w;
+}
+
+kernels::PackedWeight MlaAttention::uv_view(int h) const {
+  const int64_t R = d_.kv_lora_rank, dv = d_.v_head;
+  kernels::PackedWeight w;
+  w.rows = dv, w.cols = R;
+  w.data = reinterpret_cast<const std::byte*>(uv_.data() + h * dv * R);
+  w.row_bytes = R * static_cast<int64_t>(sizeof(float));
+  return w;
+}
+
 void MlaAttention::attend_absorbed(const kernels::KernelTable& table, KvCache& cache, int layer,
-                                   SequenceId seq, int64_t pos, const float* q, float* out, int h) const {
-  const int R = d_.kv_lora_rank, L = d_.latent_width(), nope = d_.qk_nope, dr = d_.qk_rope;
-  const int64_t per_head = nope + d_.v_head, n = pos + 1;
-  const int bs = cache.block_size();
-  const bool f32 = cache.dtype() == DType::f32;
-  std::vector<float> q_lat(static_cast<size_t>(R), 0.0f), o_lat(static_cast<size_t>(R), 0.0f),
-      s(static_cast<size_t>(n));
-  // q_lat = W_UKᵀ q_nope: the query in latent space.
-  const float* w_uk = kv_b_.data() + h * per_head * R;
-  for (int i = 0; i < nope; ++i) table.axpy_f32(q[i], w_uk + int64_t{i} * R, q_lat.data(), R);
-  const float* q_pe = q + nope;
-  for (int64_t p0 = 0; p0 < n; p0 += bs) {
-    const void* block = cache.latent_block(layer, cache.block_of(seq, layer, p0));
-    for (int64_t p = p0; p < std::min(n, p0 + bs); ++p) {
-      const int64_t at = (p - p0) * L;
-      const float dot = f32 ? table.dot_f32(static_cast<const float*>(block) + at, q_lat.data(), R) +
-                                  table.dot_f32(static_cast<const float*>(block) + at + R, q_pe, dr)
-                            : table.dot_bf16_f32(static_cast<const bf16*>(block) + at, q_lat.data(), R) +
-                                  table.dot_bf16_f32(static_cast<const bf16*>(block) + at + R, q_pe, dr);
-      s[static_cast<size_t>(p)] = dot * d_.scale;
-    }
+                                   const StepRows& step, const std::vector<size_t>& chunks, const float* q,
+                                   float* attn) const {
+  const int R = d_.kv_lora_rank, L = d_.latent_width(), nope = d_.qk_nope, nh = d_.heads, qh = d_.qk_head();
+  const int dv = d_.v_head;
+  const int64_t q_width = int64_t{nh} * qh, o_width = int64_t{nh} * dv, bs = cache.block_size();
+  // The chunks' rows gathered (unless they are the whole step) so each head's products see one matrix.
+  int64_t rows = 0;
+  for (size_t c : chunks) rows += step.first[c + 1] - step.first[c];
+  const bool whole = rows == step.rows();
+  Buffer<float> gathered, latent_q, latent_out, out_rows;
+  const float* qc = q;
+  float* oc = attn;
+  if (!whole) {
+    float* g = gathered.ensure(static_cast<size_t>(rows * q_width));
+    int64_t at = 0;
+    for (size_t c : chunks)
+      for (int64_t t = step.first[c]; t < step.first[c + 1]; ++t, ++at)
+        std::copy_n(q + t * q_width, q_width, g + at * q_width);
+    qc = g;
+    oc = out_rows.ensure(static_cast<size_t>(rows * o_width));
   }
-  softmax(s.data(), n);
-  for (int64_t p0 = 0; p0 < n; p0 += bs) {
-    const void* block = cache.latent_block(layer, cache.block_of(seq, layer, p0));
-    for (int64_t p = p0; p < std::min(n, p0 + bs); ++p) {
-      const int64_t at = (p - p0) * L;
-      const float w = s[static_cast<size_t>(p)];
-      if (f32)
-        table.axpy_f32(w, static_cast<const float*>(block) + at, o_lat.data(), R);
-      else
-        table.axpy_bf16_f32(w, static_cast<const bf16*>(block) + at, o_lat.data(), R);
-    }
+  // Per row and head [q_nope·W_UK (R) | q_pe (rope)]: the query against the cached [c_kv | k_pe] rows.
+  float* ql = latent_q.ensure(static_cast<size_t>(rows * nh * L));
+  float* ol = latent_out.ensure(static_cast<size_t>(rows * nh * R));
+#pragma omp parallel for schedule(static) if (rows * nh > 1)
+  for (int h = 0; h < nh; ++h) {
+    kernels::linear_forward_columns(table, uk_view(h), qc + int64_t{h} * qh, rows, q_width, 0, R,
+                                    ql + int64_t{h} * L, int64_t{nh} * L);
+    for (int64_t t = 0; t < rows; ++t)
+      std::copy_n(qc + t * q_width + int64_t{h} * qh + nope, d_.qk_rope, ql + (t * nh + h) * L + R);
   }
-  // out = W_UV o_lat.
-  const float* w_uv = w_uk + int64_t{nope} * R;
-  for (int j = 0; j < d_.v_head; ++j) out[j] = table.dot_f32(w_uv + int64_t{j} * R, o_lat.data(), R);
+
+  // Every head reads the one latent K/V head; V is the first R values of each cached row.
+  std::vector<kernels::AttentionSequence> seqs;
+  std::vector<const void*> blocks;
+  std::vector<size_t> block_start;
+  int64_t at = 0;
+  for (size_t c : chunks) {
+    const int64_t n = step.first[c + 1] - step.first[c], last = step.start[c] + n - 1;
+    block_start.push_back(blocks.size());
+    for (int64_t j = 0; j <= last / bs; ++j)
+      blocks.push_back(cache.latent_block(layer, cache.block_of(step.seq[c], layer, j * bs)));
+    seqs.push_back({ql + at * nh * L, ol + at * nh * R, n, step.start[c], nullptr, nullptr, 0});
+    at += n;
+  }
+  for (size_t i = 0; i < seqs.size(); ++i)
+    seqs[i].k_blocks = seqs[i].v_blocks = blocks.data() + block_start[i];
+  kernels::AttentionArgs args;
+  args.heads = nh, args.kv_heads = 1, args.k_dim = L, args.v_dim = R;
+  args.scale = d_.scale;
+  args.q_ld = int64_t{nh} * L, args.q_head_stride = L, args.out_ld = int64_t{nh} * R,
+  args.out_head_stride = R;
+  args.kv_dtype = cache.dtype(), args.block_size = static_cast<int>(bs);
+  args.k_pos_stride = args.v_pos_stride = L;
+  args.seqs = seqs.data(), args.num_seqs = static_cast<int64_t>(seqs.size());
+  kernels::attention(table, args);
+
+  // out = W_UV·o_lat per head.
+#pragma omp parallel for schedule(static) if (rows * nh > 1)
+  for (int h = 0; h < nh; ++h)
+    kernels::linear_forward_columns(table, uv_view(h), ol + int64_t{h} * R, rows, int64_t{nh} * R, 0, dv,
+                                    oc + int64_t{h} * dv, o_width);
+  if (!whole) {
+    int64_t back = 0;
+    for (size_t c : chunks)
+      for (int64_t t = step.first[c]; t < step.first[c + 1]; ++t, ++back)
+        std::copy_n(oc + back * o_width, o_width, attn + t * o_width);
+  }
 }
 
 void MlaAttention::attend_expanded(const kernels::KernelTable& table, KvCache& cache, int layer,
-                                   SequenceId seq, int64_t first_pos, int64_t n, const float* q, int64_t ldq,
-                                   float* out, int64_t ldo) {
+                                   const StepRows& step, const std::vector<size_t>& chunks, const float* q,
+                                   float* attn) const {
   const int R = d_.kv_lora_rank, L = d_.latent_width(), nope = d_.qk_nope, dr = d_.qk_rope, nh = d_.heads;
   const int qh = d_.qk_head(), dv = d_.v_head;
-  const int64_t P = first_pos + n, per_head = nope + dv, width = nh * per_head;
-  const int bs = cache.block_size();
-  // Every cached position's latent in f32, then k_nope and v of every head from kv_b_proj.
-  Buffer<float> latents, expanded;
-  float* lat = latents.ensure(static_cast<size_t>(P * L));
-  for (int64_t p0 = 0; p0 < P; p0 += bs) {
-    const void* block = cache.latent_block(layer, cache.block_of(seq, layer, p0));
-    const int64_t rows = std::min<int64_t>(bs, P - p0);
-    if (cache.dtype() == DType::f32)
-      std::copy_n(static_cast<const float*>(block), rows * L, lat + p0 * L);
-    else
-      table.bf16_to_f32(static_cast<const bf16*>(block), lat + p0 * L, rows * L);
-  }
-  float* kvx = expanded.ensure(static_cast<size_t>(P * width));
-  kernels::linear_forward(table, kv_b_f32_, lat, P, L, kvx, width);
-
-  const int64_t items = n * nh;
-#pragma omp parallel if (items > 1)
-  {
-    std::vector<float> s;
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t it = 0; it < items; ++it) {
-      const int64_t i = it / nh, pos = first_pos + i;
-      const int h = static_cast<int>(it % nh);
-      const float* qi = q + i * ldq + int64_t{h} * qh;
-      s.resize(static_cast<size_t>(pos + 1));
-      for (int64_t p = 0; p <= pos; ++p) {
-        const float dot = table.dot_f32(kvx + p * width + h * per_head, qi, nope) +
-                          table.dot_f32(lat + p * L + R, qi + nope, dr);
-        s[static_cast<size_t>(p)] = dot * d_.scale;
-      }
-      softmax(s.data(), pos + 1);
-      float* o = out + i * ldo + int64_t{h} * dv;
-      std::fill(o, o + dv, 0.0f);
-      for (int64_t p = 0; p <= pos; ++p)
-        table.axpy_f32(s[static_cast<size_t>(p)], kvx + p * width + h * per_head + nope, o, dv);
+  const int64_t q_width = int64_t{nh} * qh, o_width = int64_t{nh} * dv, bs = cache.block_size();
+  const int64_t k_width = int64_t{nh} * qh;
+  // Per chunk: its sequence's latents in f32, then K = [k_nope | k_pe] and V of every head and position,
+  // laid out as one block per bs positions for the attention kernel.
+  std::vector<Buffer<float>> keys(chunks.size()), values(chunks.size());
+  Buffer<float> latents;
+  std::vector<kernels::AttentionSequence> seqs;
+  std::vector<const void*> blocks;
+  std::vector<size_t> block_start;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const size_t c = chunks[i];
+    const int64_t n = step.first[c + 1] - step.first[c], P = step.start[c] + n;
+    float* lat = latents.ensure(static_cast<size_t>(P * L));
+    for (int64_t p0 = 0; p0 < P; p0 += bs) {
+      const void* block = cache.latent_block(layer, cache.block_of(step.seq[c], layer, p0));
+      const int64_t count = std::min(bs, P - p0);
+      if (cache.dtype() == DType::f32)
+        std::copy_n(static_cast<const float*>(block), count * L, lat + p0 * L);
+      else
+        table.bf16_to_f32(static_cast<const bf16*>(block), lat + p0 * L, count * L);
     }
+    // Whole blocks: the kernel loads a block's chunks whole (positions past P masked, kept finite here).
+    const int64_t padded = (P + bs - 1) / bs * bs;
+    float* k = keys[i].ensure(static_cast<size_t>(padded * k_width));
+    std::fill(k + P * k_width, k + padded * k_width, 0.0f);
+    for (int h = 0; h < nh; ++h)
+      table.gemm_f32({.m = P,
+                      .n = nope,
+                      .k = R,
+                      .a = lat,
+                      .lda = L,
+                      .b = uk_t_.data() + int64_t{h} * R * nope,
+                      .ldb = nope,
+                      .c = k + int64_t{h} * qh,
+                      .ldc = k_width});
+    moe::parallel_rows(P, 16, [&](int64_t a, int64_t b) {
+      for (int64_t p = a; p < b; ++p)
+        for (int h = 0; h < nh; ++h)
+          std::copy_n(lat + p * L + R, dr, k + p * k_width + int64_t{h} * qh + nope);
+    });
+    float* v = values[i].ensure(static_cast<size_t>(padded * o_width));
+    std::fill(v + P * o_width, v + padded * o_width, 0.0f);
+    table.gemm_f32({.m = P,
+                    .n = o_width,
+                    .k = R,
+                    .a = lat,
+                    .lda = L,
+                    .b = uv_.data(),
+                    .ldb = R,
+                    .trans_b = true,
+                    .c = v,
+                    .ldc = o_width});
+    block_start.push_back(blocks.size());
+    for (int64_t p0 = 0; p0 < P; p0 += bs) blocks.push_back(k + p0 * k_width);
+    for (int64_t p0 = 0; p0 < P; p0 += bs) blocks.push_back(v + p0 * o_width);
+    seqs.push_back(
+        {q + step.first[c] * q_width, attn + step.first[c] * o_width, n, step.start[c], nullptr, nullptr, 0});
   }
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int64_t P = seqs[i].pos0 + seqs[i].n_q, nblocks = (P + bs - 1) / bs;
+    seqs[i].k_blocks = blocks.data() + block_start[i];
+    seqs[i].v_blocks = seqs[i].k_blocks + nblocks;
+  }
+  kernels::AttentionArgs args;
+  args.heads = args.kv_heads = nh, args.k_dim = qh, args.v_dim = dv;
+  args.scale = d_.scale;
+  args.q_ld = q_width, args.q_head_stride = qh, args.out_ld = o_width, args.out_head_stride = dv;
+  args.kv_dtype = DType::f32, args.block_size = static_cast<int>(bs);
+  args.k_pos_stride = k_width, args.k_head_stride = qh, args.v_pos_stride = o_width, args.v_head_stride = dv;
+  args.seqs = seqs.data(), args.num_seqs = static_cast<int64_t>(seqs.size());
+  kernels::attention(table, args);
 }
 
 MlaNames mla_names(const std::string& prefix) {

@@ -9,9 +9,11 @@
 //
 // Two exact forms of the same attention:
 // - absorbed (decode: a chunk of one token): W_UK folded into the query, q_lat = W_UKᵀ q_nope, scores
-//   q_lat·c_kv + q_pe·k_pe straight over the cached latents, o_lat = Σ p·c_kv, then W_UV o_lat.
-// - expanded (prefill: longer chunks): k_nope and v of every cached position from kv_b_proj, then ordinary
-//   attention.
+//   q_lat·c_kv + q_pe·k_pe straight over the cached latents, o_lat = Σ p·c_kv, then W_UV o_lat: flash
+//   attention with one K/V head of kv_lora + rope values that every query head shares, V the first kv_lora
+//   of them; the W_UK / W_UV products are per-head linears over all the step's rows.
+// - expanded (prefill: longer chunks): k_nope and v of every cached position from kv_b_proj (two GEMMs over
+//   the sequence's latents), then ordinary multi-head flash attention over K = [k_nope | k_pe], V.
 // kv_b_proj is dequantised to f32 at load (FP8 block or BF16 in the checkpoint): both forms read that copy.
 #pragma once
 #include <cstdint>
@@ -62,17 +64,28 @@ class MlaAttention final : public AttentionLayer {
                int layer, const float* x, float* out, AttentionScratch& scratch) override;
   size_t bytes() const override;
 
+  // The attention between the projections: q [T, heads·qk_head] (RoPE applied) of the step's rows over the
+  // cache (their latent rows already written) into attn [T, heads·v_head]. Both forms run through
+  // kernels::attention: the absorbed form's chunks in one call with every head on the one latent K/V head,
+  // the expanded form's in another over their sequences' expanded K/V.
+  void attend(const kernels::KernelTable& table, KvCache& cache, int layer, const StepRows& step,
+              const float* q, float* attn) const;
+
  private:
-  void attend_absorbed(const kernels::KernelTable& table, KvCache& cache, int layer, SequenceId seq,
-                       int64_t pos, const float* q, float* out, int h) const;
-  void attend_expanded(const kernels::KernelTable& table, KvCache& cache, int layer, SequenceId seq,
-                       int64_t first_pos, int64_t n, const float* q, int64_t ldq, float* out, int64_t ldo);
+  bool absorbs(int64_t rows) const;            // whether a chunk of `rows` rows runs in the absorbed form
+  kernels::PackedWeight uk_view(int h) const;  // W_UK[h]ᵀ, [kv_lora, nope]
+  kernels::PackedWeight uv_view(int h) const;  // W_UV[h], [v_head, kv_lora]
+  void attend_absorbed(const kernels::KernelTable& table, KvCache& cache, int layer, const StepRows& step,
+                       const std::vector<size_t>& chunks, const float* q, float* attn) const;
+  void attend_expanded(const kernels::KernelTable& table, KvCache& cache, int layer, const StepRows& step,
+                       const std::vector<size_t>& chunks, const float* q, float* attn) const;
 
   MlaDims d_;
   MlaWeights w_;
   MlaForm form_;
-  std::vector<float> kv_b_;  // kv_b_proj in f32, [heads·(nope + v), kv_lora]: W_UK and W_UV rows per head
-  kernels::PackedWeight kv_b_f32_;
+  // kv_b_proj in f32 (any checkpoint format) as per-head blocks: uk_t_ = [heads][kv_lora][nope] (W_UKᵀ),
+  // uv_ = [heads][v_head][kv_lora] (W_UV).
+  std::vector<float> uk_t_, uv_;
 };
 
 // The parts an architecture with MLA layers shares (DeepSeek-V3/V3.2, Kimi-K2, GLM-4.7-Flash).
