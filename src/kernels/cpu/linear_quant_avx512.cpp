@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/linear_panels_avx512.hpp"
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/quant/codecs.hpp"
 
@@ -429,89 +430,76 @@ void fp4_decode(const Fp4Decoder& dec, const LinearArgs& a) {
   }
 }
 
-// MR x rows × NR panel rows over columns [p0, p1) of k, continuing the accumulators in `acc` (MR × kPanel
-// vectors, row i's at acc + i * kPanel + j): each lane's FMA chain runs on across chunks in ascending k, so
-// chunking k changes no bit of the result.
-template <int MR, int NR>
-void panel_chunk(const float* panel, int64_t ld, int64_t j0, int64_t p0, int64_t p1, int64_t k,
-                 const float* x, int64_t ldx, __m512* acc, int64_t acc_stride) {
-  __m512 c[MR][NR];
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) c[i][j] = acc[i * acc_stride + j0 + j];
-  for (int64_t p = p0; p < p1; p += 16) {
-    const __mmask16 mask = tail_mask(k - p);
-    __m512 wv[NR];
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) wv[j] = _mm512_maskz_loadu_ps(mask, panel + (j0 + j) * ld + p);
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + p);
-#pragma GCC unroll 4
-      for (int j = 0; j < NR; ++j) c[i][j] = _mm512_fmadd_ps(xv, wv[j], c[i][j]);
+// Many rows (prefill, batches of 4 or more): panels::linear_panels, the BF16 path's panel GEMM, over panels
+// of weight rows dequantised here, once per panel and chunk of x rows, to the reference's f32 values. While
+// it decodes a row, each packer prefetches the row a panel further on at the same column into L2.
+constexpr int64_t kPanelRows = panels::kPanelRows;
+
+// FP8: by the decode path's integer decoder where the scales allow it (Fp8Decoder); a panel in which that met
+// a NaN code is decoded again by the exact conversion (Fp8Rows::load), which every panel takes otherwise.
+struct Fp8PanelPacker {
+  const Fp8Rows& w;
+  int64_t k, n1;
+  bool integer_decode;
+  void operator()(int64_t j, int rows, float* panel) const {
+    if (integer_decode) {
+      Fp8Decoder::Guard guard;
+      pack(j, rows, panel, [&](int64_t n, int64_t p, float scale, __mmask16 mask) {
+        const uint8_t* row = w.data + n * w.row_bytes;
+        const Fp8Decoder::Block b = Fp8Decoder::block(scale);
+        return mask == 0xffff ? Fp8Decoder::decode(row, p, b, guard)
+                              : Fp8Decoder::decode_tail(row, p, b, guard, mask);
+      });
+      if (guard.clean()) return;
     }
+    pack(j, rows, panel,
+         [&](int64_t n, int64_t p, float scale, __mmask16 mask) { return w.load(n, p, scale, mask); });
   }
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) acc[i * acc_stride + j0 + j] = c[i][j];
-}
-
-// MR (≤ 4) x rows starting at i against the whole panel [n0, n1), k in chunks of kChunk columns so the x
-// rows and the panel's chunk stay in L1 (a whole row of k = 2048 floats × 4 rows + 16 panel rows would not).
-template <int MR>
-void panel_rows(const float* panel, int64_t ld, int64_t n0, int64_t n1, int64_t k, const LinearArgs& a,
-                int64_t i) {
-  constexpr int64_t kPanel = 16, kChunk = 256;
-  __m512 acc[MR * kPanel];
-  for (auto& v : acc) v = _mm512_setzero_ps();
-  const float* x = a.x + i * a.ldx;
-  const int64_t rows = n1 - n0;
-  for (int64_t p0 = 0; p0 < k; p0 += kChunk) {
-    const int64_t p1 = std::min(k, p0 + kChunk);
-    int64_t j = 0;
-    for (; j + 4 <= rows; j += 4) panel_chunk<MR, 4>(panel, ld, j, p0, p1, k, x, a.ldx, acc, kPanel);
-    for (; j < rows; ++j) panel_chunk<MR, 1>(panel, ld, j, p0, p1, k, x, a.ldx, acc, kPanel);
-  }
-  for (int r = 0; r < MR; ++r)
-    for (int64_t j = 0; j < rows; ++j) a.y[(i + r) * a.ldy + n0 + j] = reduce16(acc[r * kPanel + j]);
-}
-
-// Many rows: a panel of kPanel weight rows is dequantised once into f32 (in L2), then every block of four x
-// rows passes over it in 4 × 4 register tiles, k chunk by chunk (panel_rows).
-template <class Rows>
-void panel_gemm(const Rows& w, const LinearArgs& a) {
-  constexpr int64_t kPanel = 16;
-  const int64_t k = a.w->cols, ld = (k + 15) / 16 * 16;
-  std::vector<float> panel(static_cast<size_t>(kPanel * ld));
-  for (int64_t n0 = a.n0; n0 < a.n1; n0 += kPanel) {
-    const int64_t n1 = std::min(a.n1, n0 + kPanel);
-    for (int64_t n = n0; n < n1; ++n) {
-      const int64_t base = w.scales.row_base(n);
-      const int steps_per_block = w.scales.steps_per_block();
-      for (int64_t p = 0; p < k; p += 16) {
-        const float scale = w.scales.get(base + p / 16 / steps_per_block);
-        _mm512_storeu_ps(panel.data() + (n - n0) * ld + p, w.load(n, p, scale, tail_mask(k - p)));
+  template <class Decode>
+  void pack(int64_t j, int rows, float* panel, Decode&& decode) const {
+    const int steps_per_block = w.scales.steps_per_block();
+    for (int r = 0; r < rows; ++r) {
+      const int64_t n = j + r, base = w.scales.row_base(n);
+      const char* ahead = n + kPanelRows < n1
+                              ? reinterpret_cast<const char*>(w.data + (n + kPanelRows) * w.row_bytes)
+                              : nullptr;
+      float scale = 0.0f;
+      for (int64_t s = 0, p = 0; p < k; ++s, p += 16) {
+        if (s % steps_per_block == 0) scale = w.scales.get(base + s / steps_per_block);
+        if (ahead != nullptr && p % 64 == 0) _mm_prefetch(ahead + p, _MM_HINT_T1);
+        _mm512_store_ps(panel + (s * kPanelRows + r) * 16, decode(n, p, scale, tail_mask(k - p)));
       }
     }
-    int64_t i = 0;
-    for (; i + 4 <= a.m; i += 4) panel_rows<4>(panel.data(), ld, n0, n1, k, a, i);
-    switch (a.m - i) {
-      case 3:
-        panel_rows<3>(panel.data(), ld, n0, n1, k, a, i);
-        break;
-      case 2:
-        panel_rows<2>(panel.data(), ld, n0, n1, k, a, i);
-        break;
-      case 1:
-        panel_rows<1>(panel.data(), ld, n0, n1, k, a, i);
-        break;
-      default:
-        break;
+  }
+};
+
+// FP4 (k a multiple of the block, 16 or 32): Fp4Decoder's table lookups, then its lanes back in order.
+template <int BC>
+struct Fp4PanelPacker {
+  const Fp4Decoder& dec;
+  const PackedWeight& w;
+  int64_t n1;
+  void operator()(int64_t j, int rows, float* panel) const {
+    const auto* data = reinterpret_cast<const uint8_t*>(w.data);
+    const auto* codes = reinterpret_cast<const uint8_t*>(w.scales);
+    const __m512i order = Fp4Decoder::physical_of_logical();
+    for (int r = 0; r < rows; ++r) {
+      const int64_t n = j + r;
+      const uint8_t* row = data + n * w.row_bytes;
+      const uint8_t* code = codes + n * w.scale_row_stride;
+      const char* ahead =
+          n + kPanelRows < n1 ? reinterpret_cast<const char*>(row + kPanelRows * w.row_bytes) : nullptr;
+      for (int64_t p = 0; p < w.cols; p += BC) {
+        if (ahead != nullptr && p % 128 == 0) _mm_prefetch(ahead + p / 2, _MM_HINT_T1);
+        const Fp4Decoder::Block b = dec.block_of_code(code[p / BC]);
+#pragma GCC unroll 2
+        for (int q = 0; q < BC; q += 16)
+          _mm512_store_ps(panel + ((p + q) / 16 * kPanelRows + r) * 16,
+                          _mm512_maskz_permutexvar_ps(0xffff, order, dec.decode(row + (p + q) / 2, b)));
+      }
     }
   }
-}
+};
 
 template <class Rows>
 void linear(const LinearArgs& a, WeightFormat format) {
@@ -536,7 +524,20 @@ void linear(const LinearArgs& a, WeightFormat format) {
     case 3:
       return stream_rows<3, 4>(w, a);
     default:
-      return panel_gemm(w, a);
+      break;
+  }
+  if constexpr (std::is_same_v<Rows, Fp4Rows>) {
+    const Fp4Decoder dec(w.scales);
+    if (format == WeightFormat::mxfp4)
+      return panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
+                                   Fp4PanelPacker<32>{dec, *a.w, a.n1});
+    return panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
+                                 Fp4PanelPacker<16>{dec, *a.w, a.n1});
+  } else {
+    const bool integer_decode =
+        quant::fp8_scales_foldable(*a.w, a.n0, a.n1, 0x1p8f) && (_mm_getcsr() & kDenormalsAreZero) == 0;
+    panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
+                          Fp8PanelPacker{w, a.w->cols, a.n1, integer_decode});
   }
 }
 
