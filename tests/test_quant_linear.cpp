@@ -117,19 +117,21 @@ TEST(QuantLinear, NaNCodesAndScales) {
   std::memcpy(fp8.scales.data() + 4 * 1, &huge, 4);
   auto mx = quantize_mxfp4(random_values(n * 64, rng).data(), n, 64);
   mx.scales[4 * 2 + 1] = 0xFF;  // row 4, second block
-  for (const QuantizedMatrix* q : {&fp8, &mx}) {
-    const PackedWeight w = q->view();
-    const auto x = random_values(static_cast<size_t>(3 * w.cols), rng);
-    const auto want = run(reference_kernel_table(), w, x, 3, w.cols, 0, n, n);
-    for (int64_t i = 0; i < 3; ++i)
-      for (int64_t j = 0; j < n; ++j) {
-        const bool poisoned = q == &mx ? j == 4 : true;  // an infinite scale times a nonzero weight
-        EXPECT_EQ(std::isnan(want[i * n + j]) || std::isinf(want[i * n + j]), poisoned) << i << ", " << j;
-      }
-    for (const Isa isa : vector_levels())
-      expect_same(run(kernel_table(isa, features), w, x, 3, w.cols, 0, n, n), want,
-                  std::string("NaN case ") + weight_format_name(w.format) + " " + isa_name(isa));
-  }
+  for (const QuantizedMatrix* q : {&fp8, &mx})
+    for (const int64_t m : {3, 5}) {  // the decode and the panel path
+      const PackedWeight w = q->view();
+      const auto x = random_values(static_cast<size_t>(m * w.cols), rng);
+      const auto want = run(reference_kernel_table(), w, x, m, w.cols, 0, n, n);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          const bool poisoned = q == &mx ? j == 4 : true;  // an infinite scale times a nonzero weight
+          EXPECT_EQ(std::isnan(want[i * n + j]) || std::isinf(want[i * n + j]), poisoned) << i << ", " << j;
+        }
+      for (const Isa isa : vector_levels())
+        expect_same(run(kernel_table(isa, features), w, x, m, w.cols, 0, n, n), want,
+                    std::string("NaN case ") + weight_format_name(w.format) + " " + isa_name(isa) +
+                        " m=" + std::to_string(m));
+    }
 }
 
 // NaN element codes among ordinary block scales, at the decode shapes (m = 1..3, where the fast decode paths
