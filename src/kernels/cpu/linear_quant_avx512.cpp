@@ -186,8 +186,13 @@ struct Fp8Decoder {
   // path. A code is NaN when (code | 0x80) == 0xFF, the largest byte, so a running maximum of that finds
   // them.
   struct Guard {
-    __m128i max = _mm_setzero_si128();
-    bool clean() const { return _mm_movemask_epi8(_mm_cmpeq_epi8(max, _mm_set1_epi8(-1))) == 0; }
+    __m128i max16 = _mm_setzero_si128();
+    __m256i max32 = _mm256_setzero_si256();
+    bool clean() const {
+      const __m128i m = _mm_max_epu8(
+          max16, _mm_max_epu8(_mm256_castsi256_si128(max32), _mm256_extracti128_si256(max32, 1)));
+      return _mm_movemask_epi8(_mm_cmpeq_epi8(m, _mm_set1_epi8(-1))) == 0;
+    }
   };
   static Block block(float scale) { return _mm512_set1_ps(scale * 0x1p120f); }  // |scale| < 2^8
   static __m512 decode(const uint8_t* row, int64_t p, Block b, Guard& g) {
@@ -198,11 +203,27 @@ struct Fp8Decoder {
     return _mm512_maskz_mov_ps(mask, finish(_mm_maskz_loadu_epi8(mask, row + p), b, g));
   }
   static __m512 finish(__m128i raw, Block b, Guard& g) {
-    g.max = _mm_max_epu8(g.max, _mm_or_si128(raw, _mm_set1_epi8(-128)));
+    g.max16 = _mm_max_epu8(g.max16, _mm_or_si128(raw, _mm_set1_epi8(-128)));
     const __m512i bits =
         _mm512_and_si512(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepi8_epi32(0xffff, raw), 20),
                          _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
     return _mm512_mul_ps(_mm512_castsi512_ps(bits), b);
+  }
+  // Columns p..p+15 into lo and p+16..p+31 into hi, the same bits as two decode()s with fewer instructions
+  // per weight: the 32 codes widened to 16 bits, sign-extended, shifted left by 4 and masked with 0x87F0 are
+  // the high halves of decode()'s f32s (S.0000EEEE.MMM0000), which unpacking with zero words moves into
+  // place. Unpacking works within 128-bit lanes (words 0-3 of each lane to lo, 4-7 to hi), so the codes'
+  // dwords are first put in the order 0, 4, 1, 5, 2, 6, 3, 7 (4 codes each): lo gets columns 0..15 and hi
+  // 16..31, in order.
+  static void decode32(const uint8_t* row, int64_t p, Block b, Guard& g, __m512& lo, __m512& hi) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p));
+    g.max32 = _mm256_max_epu8(g.max32, _mm256_or_si256(raw, _mm256_set1_epi8(-128)));
+    const __m256i ordered = _mm256_permutevar8x32_epi32(raw, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m512i words = _mm512_and_si512(
+        _mm512_maskz_slli_epi16(~__mmask32(0), _mm512_maskz_cvtepi8_epi16(~__mmask32(0), ordered), 4),
+        _mm512_set1_epi16(static_cast<short>(0x87F0)));
+    lo = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), words)), b);
+    hi = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), words)), b);
   }
 };
 
@@ -358,6 +379,18 @@ bool fp8_tile(const Scales& sc, const uint8_t* data, int64_t row_bytes, int64_t 
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   };
+  const auto step32 = [&](int64_t p, const __m512* mult) {
+    __m512 lo[NR], hi[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) Fp8Decoder::decode32(d[j], p, mult[j], guard, lo[j], hi[j]);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xl = _mm512_loadu_ps(x + i * ldx + p), xh = _mm512_loadu_ps(x + i * ldx + p + 16);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j)
+        acc[i][j] = _mm512_fmadd_ps(xh, hi[j], _mm512_fmadd_ps(xl, lo[j], acc[i][j]));
+    }
+  };
   const int64_t block_cols = sc.w->block_cols;
   int64_t block = 0;
   for (int64_t p0 = 0; p0 < k; p0 += block_cols, ++block) {
@@ -370,8 +403,8 @@ bool fp8_tile(const Scales& sc, const uint8_t* data, int64_t row_bytes, int64_t 
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j)
         _mm_prefetch(reinterpret_cast<const char*>(d[j] + p + prefetch_ahead), _MM_HINT_T1);
-#pragma GCC unroll 4
-      for (int v = 0; v < 64; v += 16) step(p + v, mult);
+#pragma GCC unroll 2
+      for (int v = 0; v < 64; v += 32) step32(p + v, mult);
     }
     for (; p + 16 <= pe; p += 16) step(p, mult);
     if (p < pe) {  // the k tail
@@ -442,34 +475,45 @@ struct Fp8PanelPacker {
   int64_t k, n1;
   bool integer_decode;
   void operator()(int64_t j, int rows, float* panel) const {
-    if (integer_decode) {
-      Fp8Decoder::Guard guard;
-      pack(j, rows, panel, [&](int64_t n, int64_t p, float scale, __mmask16 mask) {
-        const uint8_t* row = w.data + n * w.row_bytes;
-        const Fp8Decoder::Block b = Fp8Decoder::block(scale);
-        return mask == 0xffff ? Fp8Decoder::decode(row, p, b, guard)
-                              : Fp8Decoder::decode_tail(row, p, b, guard, mask);
-      });
-      if (guard.clean()) return;
-    }
-    pack(j, rows, panel,
-         [&](int64_t n, int64_t p, float scale, __mmask16 mask) { return w.load(n, p, scale, mask); });
-  }
-  template <class Decode>
-  void pack(int64_t j, int rows, float* panel, Decode&& decode) const {
-    const int steps_per_block = w.scales.steps_per_block();
+    if (integer_decode && pack_integer(j, rows, panel)) return;
     for (int r = 0; r < rows; ++r) {
       const int64_t n = j + r, base = w.scales.row_base(n);
-      const char* ahead = n + kPanelRows < n1
-                              ? reinterpret_cast<const char*>(w.data + (n + kPanelRows) * w.row_bytes)
-                              : nullptr;
-      float scale = 0.0f;
-      for (int64_t s = 0, p = 0; p < k; ++s, p += 16) {
-        if (s % steps_per_block == 0) scale = w.scales.get(base + s / steps_per_block);
+      const int steps_per_block = w.scales.steps_per_block();
+      for (int64_t s = 0, p = 0; p < k; ++s, p += 16)
+        _mm512_store_ps(panel + (s * kPanelRows + r) * 16,
+                        w.load(n, p, w.scales.get(base + s / steps_per_block), tail_mask(k - p)));
+    }
+  }
+  // Fp8Decoder, 32 columns at a time where a block holds whole pairs of steps; false when it met a NaN code.
+  bool pack_integer(int64_t j, int rows, float* panel) const {
+    Fp8Decoder::Guard guard;
+    const int steps_per_block = w.scales.steps_per_block();
+    const int64_t pair_end = steps_per_block % 2 == 0 ? k / 32 * 32 : 0;
+    for (int r = 0; r < rows; ++r) {
+      const int64_t n = j + r, base = w.scales.row_base(n);
+      const uint8_t* row = w.data + n * w.row_bytes;
+      const char* ahead =
+          n + kPanelRows < n1 ? reinterpret_cast<const char*>(row + kPanelRows * w.row_bytes) : nullptr;
+      const auto block = [&](int64_t s) {
+        return Fp8Decoder::block(w.scales.get(base + s / steps_per_block));
+      };
+      int64_t p = 0;
+      for (; p < pair_end; p += 32) {
         if (ahead != nullptr && p % 64 == 0) _mm_prefetch(ahead + p, _MM_HINT_T1);
-        _mm512_store_ps(panel + (s * kPanelRows + r) * 16, decode(n, p, scale, tail_mask(k - p)));
+        __m512 lo, hi;
+        Fp8Decoder::decode32(row, p, block(p / 16), guard, lo, hi);
+        _mm512_store_ps(panel + (p / 16 * kPanelRows + r) * 16, lo);
+        _mm512_store_ps(panel + ((p / 16 + 1) * kPanelRows + r) * 16, hi);
+      }
+      for (; p < k; p += 16) {
+        if (ahead != nullptr && p % 64 == 0) _mm_prefetch(ahead + p, _MM_HINT_T1);
+        const __mmask16 mask = tail_mask(k - p);
+        _mm512_store_ps(panel + (p / 16 * kPanelRows + r) * 16,
+                        mask == 0xffff ? Fp8Decoder::decode(row, p, block(p / 16), guard)
+                                       : Fp8Decoder::decode_tail(row, p, block(p / 16), guard, mask));
       }
     }
+    return guard.clean();
   }
 };
 
