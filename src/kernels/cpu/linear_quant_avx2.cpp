@@ -187,9 +187,8 @@ void tile(const Rows& w, int64_t n, int64_t k, const float* x, int64_t ldx, floa
 // The decode path's per-block decoders (m ≤ 3): each weight row's block multiplier is folded once per block,
 // leaving a handful of vector instructions per 16 weights (the exact tile above decodes every element's
 // value and multiplier separately).
-//  * FP8: the code's bits moved into binary16 position (S.EEEE.MMM → S.0EEEE.MMM0000000) are the E4M3 value
-//    × 2^-8 with the exponent bias 15 instead of 7, exact through F16C for every code, subnormals included;
-//    the block's multiplier · 2^8 (exact: quant::fp8_scales_foldable) then gives the product the reference
+//  * FP8: the codes decoded by integer operations as their values × 2^-120 (Fp8Decoder::finish), times the
+//    block's multiplier · 2^120 (exact where quant::fp8_integer_decode_exact), give the product the reference
 //    rounds. NaN codes (S.1111.111) are tracked, not decoded: a tile that met one is redone exactly.
 //  * FP4: the eight E2M1 magnitudes times the multiplier as one 8-entry table (vpermps), the sign xor-ed in:
 //    (−v) · s is −(v · s) bit for bit, so each lane holds the reference's product.
@@ -200,7 +199,7 @@ struct Fp8Decoder {
     __m128i max = _mm_setzero_si128();
     bool clean() const { return _mm_movemask_epi8(_mm_cmpeq_epi8(max, _mm_set1_epi8(-1))) == 0; }
   };
-  static Block block_at(const Scales& sc, int64_t index) { return _mm256_set1_ps(sc.get(index) * 256.0f); }
+  static Block block_at(const Scales& sc, int64_t index) { return _mm256_set1_ps(sc.get(index) * 0x1p120f); }
   static V16 decode(const uint8_t* row, int64_t p, Block b, Guard& g) {
     return finish(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + p)), b, g);
   }
@@ -210,14 +209,18 @@ struct Fp8Decoder {
     const V16 v = finish(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)), b, g);
     return {_mm256_and_ps(v.lo, _mm256_castsi256_ps(m.lo)), _mm256_and_ps(v.hi, _mm256_castsi256_ps(m.hi))};
   }
-  // Sign-extended to 16 bits and shifted left by 7, bits 7..13 hold E.MMM and bits 14, 15 the sign; clearing
-  // bit 14 leaves the binary16.
+  // Sign-extended to 16 bits, shifted left by 4 and masked with 0x87F0, a code is the high half of the f32
+  // S.0000EEEE.MMM0…, its E4M3 value × 2^-120 exactly (normals and subnormals alike); unpacking with zero
+  // words moves it into place. Unpacking works within 128-bit lanes (words 0-3 of each lane to lo, 4-7 to
+  // hi), so the codes' dwords are first put in the order 0, 2, 1, 3 (4 codes each): lo gets columns 0..7 and
+  // hi 8..15, in order.
   static V16 finish(__m128i raw, Block b, Guard& g) {
     g.max = _mm_max_epu8(g.max, _mm_or_si128(raw, _mm_set1_epi8(-128)));
-    const __m256i half = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 7),
-                                          _mm256_set1_epi16(static_cast<short>(0xBF80)));
-    return {_mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(half)), b),
-            _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(half, 1)), b)};
+    const __m256i words = _mm256_and_si256(
+        _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_shuffle_epi32(raw, _MM_SHUFFLE(3, 1, 2, 0))), 4),
+        _mm256_set1_epi16(static_cast<short>(0x87F0)));
+    return {_mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), words)), b),
+            _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), words)), b)};
   }
 };
 
@@ -449,7 +452,7 @@ void linear(const LinearArgs& a, WeightFormat format) {
   if (a.m <= 3) {
     if constexpr (std::is_same_v<Rows, Fp4Rows>) return stream_fast(Fp4Decoder(w.scales), w, a);
     if constexpr (std::is_same_v<Rows, Fp8Rows>)
-      if (quant::fp8_scales_foldable(*a.w, a.n0, a.n1, 0x1p119f)) return stream_fast(Fp8Decoder{}, w, a);
+      if (quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1)) return stream_fast(Fp8Decoder{}, w, a);
   }
   switch (a.m) {
     case 1:
@@ -466,9 +469,8 @@ void linear(const LinearArgs& a, WeightFormat format) {
     panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
                           Fp4PanelPacker{dec, w, a.w->cols});
   } else {
-    panels::linear_panels(
-        a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
-        Fp8PanelPacker{w, a.w->cols, quant::fp8_scales_foldable(*a.w, a.n0, a.n1, 0x1p119f)});
+    panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
+                          Fp8PanelPacker{w, a.w->cols, quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1)});
   }
 }
 

@@ -173,12 +173,9 @@ void stream_rows(const Rows& w, const LinearArgs& a) {
 // leaving a handful of vector instructions per 16 weights.
 //  * FP8: a code sign-extended to 32 bits, shifted left by 20 and masked with 0x87F00000 is the f32 whose
 //    bits are S.0000EEEE.MMM0…: the E4M3 value × 2^-120 exactly, normals (exponent bias 127 instead of 7) and
-//    subnormals (an f32 subnormal with the same mantissa) alike. Times the block multiplier · 2^120 (exact
-//    for |s| < 2^8: quant::fp8_scales_foldable) it is the same real number as the reference's product, so it
-//    rounds to the same f32 — provided denormals are not flushed on input (the caller checks MXCSR.DAZ).
-//    NaN codes are tracked, not decoded.
+//    subnormals (an f32 subnormal with the same mantissa) alike. Times the block multiplier · 2^120 it is
+//    the reference's product where quant::fp8_integer_decode_exact. NaN codes are tracked, not decoded.
 //  * FP4: see Fp4Decoder.
-constexpr unsigned kDenormalsAreZero = 0x40;  // MXCSR.DAZ
 
 struct Fp8Decoder {
   using Block = __m512;
@@ -557,8 +554,7 @@ void linear(const LinearArgs& a, WeightFormat format) {
       return fp4_decode<16>(dec, a);
     }
     if constexpr (std::is_same_v<Rows, Fp8Rows>)
-      if (quant::fp8_scales_foldable(*a.w, a.n0, a.n1, 0x1p8f) && (_mm_getcsr() & kDenormalsAreZero) == 0)
-        return fp8_decode(w, a);
+      if (quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1)) return fp8_decode(w, a);
   }
   switch (a.m) {
     case 1:
@@ -578,8 +574,7 @@ void linear(const LinearArgs& a, WeightFormat format) {
     return panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
                                  Fp4PanelPacker<16>{dec, *a.w, a.n1});
   } else {
-    const bool integer_decode =
-        quant::fp8_scales_foldable(*a.w, a.n0, a.n1, 0x1p8f) && (_mm_getcsr() & kDenormalsAreZero) == 0;
+    const bool integer_decode = quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1);
     panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
                           Fp8PanelPacker{w, a.w->cols, a.n1, integer_decode});
   }
