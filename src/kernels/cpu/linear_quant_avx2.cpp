@@ -384,14 +384,15 @@ void stream_rows(const Rows& w, const LinearArgs& a) {
 // Many rows (prefill, batches of 4 or more): panels::linear_panels, the BF16 path's panel GEMM, over panels
 // of weight rows dequantised here once per panel to the reference's f32 values, by the decode path's
 // decoders (Fp8Decoder, Fp4Decoder) where they apply.
-// FP8: the folded F16C decode where the scales allow it; a panel in which that met a NaN code is decoded
-// again by the exact conversion (Fp8Rows::load), which every panel takes otherwise.
+
+// FP8: the integer decode (Fp8Decoder) where quant::fp8_integer_decode_exact; a panel in which that met a NaN
+// code is decoded again by the exact conversion (Fp8Rows::load), which every panel takes otherwise.
 struct Fp8PanelPacker {
   const Fp8Rows& w;
   int64_t k;
-  bool fold;
+  bool integer_decode;
   void operator()(int64_t j, int rows, float* panel) const {
-    if (fold) {
+    if (integer_decode) {
       Fp8Decoder::Guard guard;
       pack(j, rows, panel, [&](int64_t n, int64_t p, int64_t index, const TailMask& mask) {
         const uint8_t* row = w.data + n * w.row_bytes;
