@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <vector>
 
@@ -68,8 +69,15 @@ std::vector<OwnedWeight> copies(const OwnedWeight& w, size_t count) {
   return out;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+// Seconds on the chosen clock: wall time, or the calling thread's CPU time (one thread: on a loaded machine
+// the time the kernel actually ran, not the time it waited for a core).
+double clock_seconds(bool thread_cpu) {
+  if (thread_cpu) {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 struct Shape {
@@ -94,6 +102,10 @@ CLI::App* add_linear_bench_subcommand(CLI::App& app, LinearBenchOptions& o) {
   cmd->add_option("--prefill-rows", o.prefill_rows, "prefill: rows m")
       ->check(positive_integer())
       ->capture_default_str();
+  cmd->add_option("--clock", o.clock,
+                  "wall | thread (the thread's CPU time, for --threads 1 on a loaded machine)")
+      ->check(CLI::IsMember({"wall", "thread"}))
+      ->capture_default_str();
   cmd->add_option("--isa", o.isa, "kernel level: reference | avx2 | avx512 | avx512_bf16 (default: best)")
       ->check(CLI::IsMember({"reference", "avx2", "avx512", "avx512_bf16", "amx"}));
   cmd->add_option("--rows", o.rows,
@@ -105,13 +117,16 @@ CLI::App* add_linear_bench_subcommand(CLI::App& app, LinearBenchOptions& o) {
 }
 
 int run_linear_bench(const LinearBenchOptions& o) {
+  XMOE_CHECK(o.clock != "thread" || o.threads == 1, "linear-bench: --clock thread needs --threads 1, got ",
+             o.threads);
+  const bool thread_clock = o.clock == "thread";
   omp_set_num_threads(o.threads);
   const auto features = kernels::detect_cpu_features();
   const kernels::KernelTable& table = o.isa.empty()
                                           ? kernels::best_kernel_table(features)
                                           : kernels::kernel_table(kernels::parse_isa(o.isa), features);
-  std::printf("cpu: %s, kernel level %s, %d threads\n", features.str().c_str(), kernels::isa_name(table.isa),
-              o.threads);
+  std::printf("cpu: %s, kernel level %s, %d threads, %s clock\n", features.str().c_str(),
+              kernels::isa_name(table.isa), o.threads, o.clock.c_str());
   if (!o.rows.empty()) {
     run_linear_rows_bench(table, features, o.threads, o.reps, o.rows);
     return 0;
@@ -144,9 +159,9 @@ int run_linear_bench(const LinearBenchOptions& o) {
         const std::vector<OwnedWeight> set = copies(one, count);
         std::vector<double> rates;
         for (int r = 0; r <= o.reps; ++r) {
-          const auto t0 = std::chrono::steady_clock::now();
+          const double t0 = clock_seconds(thread_clock);
           for (const auto& c : set) kernels::linear_forward(table, c.view, x.data(), 1, y.data());
-          const double t = seconds_since(t0);
+          const double t = clock_seconds(thread_clock) - t0;
           if (r > 0)
             rates.push_back(static_cast<double>(bytes * count) / t / 1e9);  // the first pass warms up
         }
@@ -155,9 +170,9 @@ int run_linear_bench(const LinearBenchOptions& o) {
       // Prefill: m rows over one matrix.
       std::vector<double> gflops;
       for (int r = 0; r <= o.reps; ++r) {
-        const auto t0 = std::chrono::steady_clock::now();
+        const double t0 = clock_seconds(thread_clock);
         kernels::linear_forward(table, one.view, x.data(), o.prefill_rows, y.data());
-        const double t = seconds_since(t0);
+        const double t = clock_seconds(thread_clock) - t0;
         if (r > 0) gflops.push_back(2.0 * static_cast<double>(o.prefill_rows * s.n * s.k) / t / 1e9);
       }
       const double pf = median(gflops);

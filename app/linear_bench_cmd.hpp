@@ -13,8 +13,9 @@ struct LinearBenchOptions {
   int reps = 7;
   int64_t stream_mb = 512;  // decode: distinct weight copies per format, well above the last-level cache
   int64_t prefill_rows = 512;
-  std::string isa;            // "" = best
-  std::vector<int64_t> rows;  // non-empty: the row sweep of linear_rows_bench.hpp instead
+  std::string isa;             // "" = best
+  std::string clock = "wall";  // or "thread": the thread's CPU time (one thread)
+  std::vector<int64_t> rows;   // non-empty: the row sweep of linear_rows_bench.hpp instead
 };
 
 CLI::App* add_linear_bench_subcommand(CLI::App& app, LinearBenchOptions& o);

@@ -117,25 +117,27 @@ TEST(QuantLinear, NaNCodesAndScales) {
   std::memcpy(fp8.scales.data() + 4 * 1, &huge, 4);
   auto mx = quantize_mxfp4(random_values(n * 64, rng).data(), n, 64);
   mx.scales[4 * 2 + 1] = 0xFF;  // row 4, second block
-  for (const QuantizedMatrix* q : {&fp8, &mx}) {
-    const PackedWeight w = q->view();
-    const auto x = random_values(static_cast<size_t>(3 * w.cols), rng);
-    const auto want = run(reference_kernel_table(), w, x, 3, w.cols, 0, n, n);
-    for (int64_t i = 0; i < 3; ++i)
-      for (int64_t j = 0; j < n; ++j) {
-        const bool poisoned = q == &mx ? j == 4 : true;  // an infinite scale times a nonzero weight
-        EXPECT_EQ(std::isnan(want[i * n + j]) || std::isinf(want[i * n + j]), poisoned) << i << ", " << j;
-      }
-    for (const Isa isa : vector_levels())
-      expect_same(run(kernel_table(isa, features), w, x, 3, w.cols, 0, n, n), want,
-                  std::string("NaN case ") + weight_format_name(w.format) + " " + isa_name(isa));
-  }
+  for (const QuantizedMatrix* q : {&fp8, &mx})
+    for (const int64_t m : {3, 5}) {  // the decode and the panel path
+      const PackedWeight w = q->view();
+      const auto x = random_values(static_cast<size_t>(m * w.cols), rng);
+      const auto want = run(reference_kernel_table(), w, x, m, w.cols, 0, n, n);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          const bool poisoned = q == &mx ? j == 4 : true;  // an infinite scale times a nonzero weight
+          EXPECT_EQ(std::isnan(want[i * n + j]) || std::isinf(want[i * n + j]), poisoned) << i << ", " << j;
+        }
+      for (const Isa isa : vector_levels())
+        expect_same(run(kernel_table(isa, features), w, x, m, w.cols, 0, n, n), want,
+                    std::string("NaN case ") + weight_format_name(w.format) + " " + isa_name(isa) +
+                        " m=" + std::to_string(m));
+    }
 }
 
 // NaN element codes among ordinary block scales, at the decode shapes (m = 1..3, where the fast decode paths
-// run) and one row past a full tile: each NaN poisons its own column's outputs only, exactly as the
-// reference.
-TEST(QuantLinear, NaNCodesAtDecodeShapes) {
+// run), one row past a full tile, and prefill shapes (m ≥ 4: panels decoded by the same integer decode): each
+// NaN poisons its own column's outputs only, exactly as the reference.
+TEST(QuantLinear, NaNCodesAtDecodeAndPrefillShapes) {
   const CpuFeatures features = detect_cpu_features();
   std::mt19937 rng(13);
   const int64_t n = 19, k = 272;
@@ -144,7 +146,7 @@ TEST(QuantLinear, NaNCodesAtDecodeShapes) {
   fp8.data[9 * k + 270] = 0xFF;  // row 9, in the k tail
   fp8.data[18 * k + 0] = 0xFF;   // row 18, a single-row tile
   const PackedWeight w = fp8.view();
-  for (const int64_t m : {1, 2, 3}) {
+  for (const int64_t m : {1, 2, 3, 5, 13}) {
     const auto x = random_values(static_cast<size_t>(m * k), rng);
     const auto want = run(reference_kernel_table(), w, x, m, k, 0, n, n);
     for (int64_t i = 0; i < m; ++i)
@@ -157,8 +159,9 @@ TEST(QuantLinear, NaNCodesAtDecodeShapes) {
 }
 
 // FP8 block multipliers on both sides of the AVX-512 decode's bound (|s| < 2^8, where s · 2^120 is exact),
-// a subnormal one, and a zero one, at the decode shapes: every level still returns the reference's bits.
-TEST(QuantLinear, Fp8ScaleRangesAtDecodeShapes) {
+// a subnormal one, and a zero one, at the decode and prefill shapes: every level still returns the
+// reference's bits.
+TEST(QuantLinear, Fp8ScaleRangesAtDecodeAndPrefillShapes) {
   const CpuFeatures features = detect_cpu_features();
   std::mt19937 rng(17);
   const int64_t n = 9, k = 200;
@@ -166,7 +169,7 @@ TEST(QuantLinear, Fp8ScaleRangesAtDecodeShapes) {
     auto fp8 = quantize_fp8_block(random_values(n * k, rng).data(), n, k);
     std::memcpy(fp8.scales.data() + 4 * 1, &s, 4);  // columns 128..199: a 64-column step and a tail
     const PackedWeight w = fp8.view();
-    for (const int64_t m : {1, 2, 3}) {
+    for (const int64_t m : {1, 2, 3, 6}) {
       const auto x = random_values(static_cast<size_t>(m * k), rng);
       const auto want = run(reference_kernel_table(), w, x, m, k, 0, n, n);
       for (const Isa isa : vector_levels())
@@ -177,8 +180,8 @@ TEST(QuantLinear, Fp8ScaleRangesAtDecodeShapes) {
 }
 
 // With denormals-are-zero set (as some libraries leave MXCSR), every level still returns the reference's bits
-// for E4M3 subnormal codes at the decode shapes (the AVX-512 decode's f32 intermediates are subnormal, so it
-// must not run then).
+// for E4M3 subnormal codes at a decode and a prefill shape (the AVX-512 integer decode's f32 intermediates
+// are subnormal, so it must not run then).
 TEST(QuantLinear, Fp8SubnormalCodesUnderDenormalsAreZero) {
   const CpuFeatures features = detect_cpu_features();
   if (vector_levels().empty()) GTEST_SKIP() << "no AVX2 on this CPU";
@@ -187,15 +190,18 @@ TEST(QuantLinear, Fp8SubnormalCodesUnderDenormalsAreZero) {
   auto fp8 = quantize_fp8_block(random_values(n * k, rng).data(), n, k);
   for (int64_t i = 0; i < n * k; ++i) fp8.data[i] = static_cast<uint8_t>((i % 7) + 1 + (i % 2) * 0x80);
   const PackedWeight w = fp8.view();
-  const auto x = random_values(static_cast<size_t>(k), rng);
-  const auto want = run(reference_kernel_table(), w, x, 1, k, 0, n, n);
-  const unsigned csr = _mm_getcsr();
-  _mm_setcsr(csr | 0x40);  // DAZ
-  std::vector<std::vector<float>> got;
-  for (const Isa isa : vector_levels()) got.push_back(run(kernel_table(isa, features), w, x, 1, k, 0, n, n));
-  _mm_setcsr(csr);
-  for (const auto& g : got) expect_same(g, want, "fp8 subnormal codes under DAZ");
-  for (const float v : want) EXPECT_NE(v, 0.0f);
+  for (const int64_t m : {1, 5}) {
+    const auto x = random_values(static_cast<size_t>(m * k), rng);
+    const auto want = run(reference_kernel_table(), w, x, m, k, 0, n, n);
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x40);  // DAZ
+    std::vector<std::vector<float>> got;
+    for (const Isa isa : vector_levels())
+      got.push_back(run(kernel_table(isa, features), w, x, m, k, 0, n, n));
+    _mm_setcsr(csr);
+    for (const auto& g : got) expect_same(g, want, "fp8 subnormal codes under DAZ m=" + std::to_string(m));
+    for (const float v : want) EXPECT_NE(v, 0.0f);
+  }
 }
 
 }  // namespace

@@ -41,11 +41,14 @@ void check_linear_args(const LinearArgs& args, WeightFormat format);
 // scalar decoders of their own (an inline function compiled with AVX-512 flags could be the copy the linker
 // keeps for every caller).
 void fill_scale_table(const PackedWeight& w, float table[256]);
-// Whether every FP8 block multiplier s of rows [n0, n1) has |s| < limit (so not NaN): the vector decode paths
-// fold a power of two into the multiplier only when that product is exact (AVX2: codes decode as binary16
-// values × 2^-8, s · 2^8 needs limit 2^119; AVX-512: codes decode by integer operations as f32 values ×
-// 2^-120, s · 2^120 needs limit 2^8).
+// Whether every FP8 block multiplier s of rows [n0, n1) has |s| < limit (so not NaN).
 bool fp8_scales_foldable(const PackedWeight& w, int64_t n0, int64_t n1, float limit);
+// Whether the vector levels may decode the FP8 codes of rows [n0, n1) by integer operations as f32 values ×
+// 2^-120 (normals and subnormals alike) with 2^120 folded into each block multiplier: every multiplier is
+// below 2^8 (so s · 2^120 is exact) and MXCSR does not treat subnormal inputs as zero (DAZ), so the product
+// of such a value and the folded multiplier is the same real number as the reference's product and rounds
+// to the same f32.
+bool fp8_integer_decode_exact(const PackedWeight& w, int64_t n0, int64_t n1);
 }  // namespace quant
 
 }  // namespace xmoe::kernels

@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/linear_panels_avx2.hpp"
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/quant/codecs.hpp"
 
@@ -186,9 +187,8 @@ void tile(const Rows& w, int64_t n, int64_t k, const float* x, int64_t ldx, floa
 // The decode path's per-block decoders (m ≤ 3): each weight row's block multiplier is folded once per block,
 // leaving a handful of vector instructions per 16 weights (the exact tile above decodes every element's
 // value and multiplier separately).
-//  * FP8: the code's bits moved into binary16 position (S.EEEE.MMM → S.0EEEE.MMM0000000) are the E4M3 value
-//    × 2^-8 with the exponent bias 15 instead of 7, exact through F16C for every code, subnormals included;
-//    the block's multiplier · 2^8 (exact: quant::fp8_scales_foldable) then gives the product the reference
+//  * FP8: the codes decoded by integer operations as their values × 2^-120 (Fp8Decoder::finish), times the
+//    block's multiplier · 2^120 (exact where quant::fp8_integer_decode_exact), give the product the reference
 //    rounds. NaN codes (S.1111.111) are tracked, not decoded: a tile that met one is redone exactly.
 //  * FP4: the eight E2M1 magnitudes times the multiplier as one 8-entry table (vpermps), the sign xor-ed in:
 //    (−v) · s is −(v · s) bit for bit, so each lane holds the reference's product.
@@ -199,7 +199,7 @@ struct Fp8Decoder {
     __m128i max = _mm_setzero_si128();
     bool clean() const { return _mm_movemask_epi8(_mm_cmpeq_epi8(max, _mm_set1_epi8(-1))) == 0; }
   };
-  static Block block_at(const Scales& sc, int64_t index) { return _mm256_set1_ps(sc.get(index) * 256.0f); }
+  static Block block_at(const Scales& sc, int64_t index) { return _mm256_set1_ps(sc.get(index) * 0x1p120f); }
   static V16 decode(const uint8_t* row, int64_t p, Block b, Guard& g) {
     return finish(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + p)), b, g);
   }
@@ -209,14 +209,18 @@ struct Fp8Decoder {
     const V16 v = finish(_mm_load_si128(reinterpret_cast<const __m128i*>(buf)), b, g);
     return {_mm256_and_ps(v.lo, _mm256_castsi256_ps(m.lo)), _mm256_and_ps(v.hi, _mm256_castsi256_ps(m.hi))};
   }
-  // Sign-extended to 16 bits and shifted left by 7, bits 7..13 hold E.MMM and bits 14, 15 the sign; clearing
-  // bit 14 leaves the binary16.
+  // Sign-extended to 16 bits, shifted left by 4 and masked with 0x87F0, a code is the high half of the f32
+  // S.0000EEEE.MMM0…, its E4M3 value × 2^-120 exactly (normals and subnormals alike); unpacking with zero
+  // words moves it into place. Unpacking works within 128-bit lanes (words 0-3 of each lane to lo, 4-7 to
+  // hi), so the codes' dwords are first put in the order 0, 2, 1, 3 (4 codes each): lo gets columns 0..7 and
+  // hi 8..15, in order.
   static V16 finish(__m128i raw, Block b, Guard& g) {
     g.max = _mm_max_epu8(g.max, _mm_or_si128(raw, _mm_set1_epi8(-128)));
-    const __m256i half = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(raw), 7),
-                                          _mm256_set1_epi16(static_cast<short>(0xBF80)));
-    return {_mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(half)), b),
-            _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(half, 1)), b)};
+    const __m256i words = _mm256_and_si256(
+        _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_shuffle_epi32(raw, _MM_SHUFFLE(3, 1, 2, 0))), 4),
+        _mm256_set1_epi16(static_cast<short>(0x87F0)));
+    return {_mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), words)), b),
+            _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), words)), b)};
   }
 };
 
@@ -377,81 +381,69 @@ void stream_rows(const Rows& w, const LinearArgs& a) {
   for (; n < a.n1; ++n) tile<MR, 1>(w, n, k, a.x, a.ldx, a.y, a.ldy);
 }
 
-// MR x rows × NR panel rows over columns [p0, p1) of k, continuing the accumulators in lo/hi (row i's at
-// i * acc_stride + j): each lane's FMA chain runs on across chunks in ascending k, so chunking k changes no
-// bit of the result.
-template <int MR, int NR>
-void panel_chunk(const float* panel, int64_t ld, int64_t j0, int64_t p0, int64_t p1, int64_t k,
-                 const float* x, int64_t ldx, __m256* acc_lo, __m256* acc_hi, int64_t acc_stride) {
-  __m256 lo[MR][NR], hi[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) {
-      lo[i][j] = acc_lo[i * acc_stride + j0 + j];
-      hi[i][j] = acc_hi[i * acc_stride + j0 + j];
+// Many rows (prefill, batches of 4 or more): panels::linear_panels, the BF16 path's panel GEMM, over panels
+// of weight rows dequantised here once per panel to the reference's f32 values, by the decode path's
+// decoders (Fp8Decoder, Fp4Decoder) where they apply.
+
+// FP8: the integer decode (Fp8Decoder) where quant::fp8_integer_decode_exact; a panel in which that met a NaN
+// code is decoded again by the exact conversion (Fp8Rows::load), which every panel takes otherwise.
+struct Fp8PanelPacker {
+  const Fp8Rows& w;
+  int64_t k;
+  bool integer_decode;
+  void operator()(int64_t j, int rows, float* panel) const {
+    if (integer_decode) {
+      Fp8Decoder::Guard guard;
+      pack(j, rows, panel, [&](int64_t n, int64_t p, int64_t index, const TailMask& mask) {
+        const uint8_t* row = w.data + n * w.row_bytes;
+        const Fp8Decoder::Block b = Fp8Decoder::block_at(w.scales, index);
+        return mask.full ? Fp8Decoder::decode(row, p, b, guard)
+                         : Fp8Decoder::decode_tail(row, p, b, guard, k - p, mask);
+      });
+      if (guard.clean()) return;
     }
-  for (int64_t p = p0; p < p1; p += 16) {
-    const TailMask mask(k - p);
-    V16 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = load_x(panel + (j0 + j) * ld + p, mask);
-    for (int i = 0; i < MR; ++i) {
-      const V16 xv = load_x(x + i * ldx + p, mask);
-      for (int j = 0; j < NR; ++j) {
-        lo[i][j] = _mm256_fmadd_ps(xv.lo, wv[j].lo, lo[i][j]);
-        hi[i][j] = _mm256_fmadd_ps(xv.hi, wv[j].hi, hi[i][j]);
+    pack(j, rows, panel, [&](int64_t n, int64_t p, int64_t index, const TailMask& mask) {
+      return w.load(n, p, w.scales.get(index), k, mask);
+    });
+  }
+  // decode(n, p, scale index, mask): the 16 weights of row n at column p, zeros past k.
+  template <class Decode>
+  void pack(int64_t j, int rows, float* panel, Decode&& decode) const {
+    const int steps_per_block = w.scales.steps_per_block();
+    for (int r = 0; r < rows; ++r) {
+      const int64_t n = j + r, base = w.scales.row_base(n);
+      for (int64_t s = 0, p = 0; p < k; ++s, p += 16) {
+        const V16 v = decode(n, p, base + s / steps_per_block, TailMask(k - p));
+        float* out = panel + (s * panels::kPanelRows + r) * 16;
+        _mm256_store_ps(out, v.lo);
+        _mm256_store_ps(out + 8, v.hi);
       }
     }
   }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) {
-      acc_lo[i * acc_stride + j0 + j] = lo[i][j];
-      acc_hi[i * acc_stride + j0 + j] = hi[i][j];
-    }
-}
+};
 
-// MR (≤ 2) x rows starting at i against the whole panel [n0, n1), k in chunks of kChunk columns so the x
-// rows and the panel's chunk stay in L1.
-template <int MR>
-void panel_rows(const float* panel, int64_t ld, int64_t n0, int64_t n1, int64_t k, const LinearArgs& a,
-                int64_t i) {
-  constexpr int64_t kPanel = 16, kChunk = 256;
-  __m256 acc_lo[MR * kPanel], acc_hi[MR * kPanel];
-  for (int64_t v = 0; v < MR * kPanel; ++v) acc_lo[v] = acc_hi[v] = _mm256_setzero_ps();
-  const float* x = a.x + i * a.ldx;
-  const int64_t rows = n1 - n0;
-  for (int64_t p0 = 0; p0 < k; p0 += kChunk) {
-    const int64_t p1 = std::min(k, p0 + kChunk);
-    int64_t j = 0;
-    for (; j + 2 <= rows; j += 2)
-      panel_chunk<MR, 2>(panel, ld, j, p0, p1, k, x, a.ldx, acc_lo, acc_hi, kPanel);
-    for (; j < rows; ++j) panel_chunk<MR, 1>(panel, ld, j, p0, p1, k, x, a.ldx, acc_lo, acc_hi, kPanel);
-  }
-  for (int r = 0; r < MR; ++r)
-    for (int64_t j = 0; j < rows; ++j)
-      a.y[(i + r) * a.ldy + n0 + j] = reduce16(acc_lo[r * kPanel + j], acc_hi[r * kPanel + j]);
-}
-
-// Many rows: a panel of weight rows dequantised once into f32, then 2 × 2 register tiles over it, k chunk by
-// chunk (panel_rows).
-template <class Rows>
-void panel_gemm(const Rows& w, const LinearArgs& a) {
-  constexpr int64_t kPanel = 16;
-  const int64_t k = a.w->cols, ld = (k + 15) / 16 * 16;
-  std::vector<float> panel(static_cast<size_t>(kPanel * ld));
-  for (int64_t n0 = a.n0; n0 < a.n1; n0 += kPanel) {
-    const int64_t n1 = std::min(a.n1, n0 + kPanel);
-    for (int64_t n = n0; n < n1; ++n)
-      for (int64_t p = 0; p < k; p += 16) {
-        const float scale = w.scales.get(w.scales.row_base(n) + p / 16 / w.scales.steps_per_block());
-        const V16 v = w.load(n, p, scale, k, TailMask(k - p));
-        float* dst = panel.data() + (n - n0) * ld + p;
-        _mm256_storeu_ps(dst, v.lo);
-        _mm256_storeu_ps(dst + 8, v.hi);
+// FP4 (k a multiple of 16): Fp4Decoder's lookups, then its lanes back in order ({0, 8, 1, 9, 4, 12, 5, 13}
+// and {2, 10, 3, 11, 6, 14, 7, 15}: elements 0..7 are lanes 0 and 2 of each 128-bit half of both, 8..15
+// lanes 1 and 3).
+struct Fp4PanelPacker {
+  const Fp4Decoder& dec;
+  const Fp4Rows& w;
+  int64_t k;
+  void operator()(int64_t j, int rows, float* panel) const {
+    Fp4Decoder::Guard guard;
+    for (int r = 0; r < rows; ++r) {
+      const int64_t n = j + r, base = w.scales.row_base(n);
+      const uint8_t* row = w.data + n * w.row_bytes;
+      const int steps_per_block = w.scales.steps_per_block();
+      for (int64_t s = 0, p = 0; p < k; ++s, p += 16) {
+        const V16 v = dec.decode(row, p, dec.block_at(w.scales, base + s / steps_per_block), guard);
+        float* out = panel + (s * panels::kPanelRows + r) * 16;
+        _mm256_store_ps(out, _mm256_shuffle_ps(v.lo, v.hi, _MM_SHUFFLE(2, 0, 2, 0)));
+        _mm256_store_ps(out + 8, _mm256_shuffle_ps(v.lo, v.hi, _MM_SHUFFLE(3, 1, 3, 1)));
       }
-    int64_t i = 0;
-    for (; i + 2 <= a.m; i += 2) panel_rows<2>(panel.data(), ld, n0, n1, k, a, i);
-    if (i < a.m) panel_rows<1>(panel.data(), ld, n0, n1, k, a, i);
+    }
   }
-}
+};
 
 template <class Rows>
 void linear(const LinearArgs& a, WeightFormat format) {
@@ -461,7 +453,7 @@ void linear(const LinearArgs& a, WeightFormat format) {
   if (a.m <= 3) {
     if constexpr (std::is_same_v<Rows, Fp4Rows>) return stream_fast(Fp4Decoder(w.scales), w, a);
     if constexpr (std::is_same_v<Rows, Fp8Rows>)
-      if (quant::fp8_scales_foldable(*a.w, a.n0, a.n1, 0x1p119f)) return stream_fast(Fp8Decoder{}, w, a);
+      if (quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1)) return stream_fast(Fp8Decoder{}, w, a);
   }
   switch (a.m) {
     case 1:
@@ -471,7 +463,15 @@ void linear(const LinearArgs& a, WeightFormat format) {
     case 3:
       return stream_rows<3, 1>(w, a);
     default:
-      return panel_gemm(w, a);
+      break;
+  }
+  if constexpr (std::is_same_v<Rows, Fp4Rows>) {
+    const Fp4Decoder dec(w.scales);
+    panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
+                          Fp4PanelPacker{dec, w, a.w->cols});
+  } else {
+    panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
+                          Fp8PanelPacker{w, a.w->cols, quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1)});
   }
 }
 

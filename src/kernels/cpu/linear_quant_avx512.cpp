@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/linear_panels_avx512.hpp"
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/quant/codecs.hpp"
 
@@ -172,12 +173,9 @@ void stream_rows(const Rows& w, const LinearArgs& a) {
 // leaving a handful of vector instructions per 16 weights.
 //  * FP8: a code sign-extended to 32 bits, shifted left by 20 and masked with 0x87F00000 is the f32 whose
 //    bits are S.0000EEEE.MMM0…: the E4M3 value × 2^-120 exactly, normals (exponent bias 127 instead of 7) and
-//    subnormals (an f32 subnormal with the same mantissa) alike. Times the block multiplier · 2^120 (exact
-//    for |s| < 2^8: quant::fp8_scales_foldable) it is the same real number as the reference's product, so it
-//    rounds to the same f32 — provided denormals are not flushed on input (the caller checks MXCSR.DAZ).
-//    NaN codes are tracked, not decoded.
+//    subnormals (an f32 subnormal with the same mantissa) alike. Times the block multiplier · 2^120 it is
+//    the reference's product where quant::fp8_integer_decode_exact. NaN codes are tracked, not decoded.
 //  * FP4: see Fp4Decoder.
-constexpr unsigned kDenormalsAreZero = 0x40;  // MXCSR.DAZ
 
 struct Fp8Decoder {
   using Block = __m512;
@@ -185,8 +183,13 @@ struct Fp8Decoder {
   // path. A code is NaN when (code | 0x80) == 0xFF, the largest byte, so a running maximum of that finds
   // them.
   struct Guard {
-    __m128i max = _mm_setzero_si128();
-    bool clean() const { return _mm_movemask_epi8(_mm_cmpeq_epi8(max, _mm_set1_epi8(-1))) == 0; }
+    __m128i max16 = _mm_setzero_si128();
+    __m256i max32 = _mm256_setzero_si256();
+    bool clean() const {
+      const __m128i m = _mm_max_epu8(
+          max16, _mm_max_epu8(_mm256_castsi256_si128(max32), _mm256_extracti128_si256(max32, 1)));
+      return _mm_movemask_epi8(_mm_cmpeq_epi8(m, _mm_set1_epi8(-1))) == 0;
+    }
   };
   static Block block(float scale) { return _mm512_set1_ps(scale * 0x1p120f); }  // |scale| < 2^8
   static __m512 decode(const uint8_t* row, int64_t p, Block b, Guard& g) {
@@ -197,11 +200,27 @@ struct Fp8Decoder {
     return _mm512_maskz_mov_ps(mask, finish(_mm_maskz_loadu_epi8(mask, row + p), b, g));
   }
   static __m512 finish(__m128i raw, Block b, Guard& g) {
-    g.max = _mm_max_epu8(g.max, _mm_or_si128(raw, _mm_set1_epi8(-128)));
+    g.max16 = _mm_max_epu8(g.max16, _mm_or_si128(raw, _mm_set1_epi8(-128)));
     const __m512i bits =
         _mm512_and_si512(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepi8_epi32(0xffff, raw), 20),
                          _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
     return _mm512_mul_ps(_mm512_castsi512_ps(bits), b);
+  }
+  // Columns p..p+15 into lo and p+16..p+31 into hi, the same bits as two decode()s with fewer instructions
+  // per weight: the 32 codes widened to 16 bits, sign-extended, shifted left by 4 and masked with 0x87F0 are
+  // the high halves of decode()'s f32s (S.0000EEEE.MMM0000), which unpacking with zero words moves into
+  // place. Unpacking works within 128-bit lanes (words 0-3 of each lane to lo, 4-7 to hi), so the codes'
+  // dwords are first put in the order 0, 4, 1, 5, 2, 6, 3, 7 (4 codes each): lo gets columns 0..15 and hi
+  // 16..31, in order.
+  static void decode32(const uint8_t* row, int64_t p, Block b, Guard& g, __m512& lo, __m512& hi) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p));
+    g.max32 = _mm256_max_epu8(g.max32, _mm256_or_si256(raw, _mm256_set1_epi8(-128)));
+    const __m256i ordered = _mm256_permutevar8x32_epi32(raw, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m512i words = _mm512_and_si512(
+        _mm512_maskz_slli_epi16(~__mmask32(0), _mm512_maskz_cvtepi8_epi16(~__mmask32(0), ordered), 4),
+        _mm512_set1_epi16(static_cast<short>(0x87F0)));
+    lo = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), words)), b);
+    hi = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), words)), b);
   }
 };
 
@@ -357,6 +376,18 @@ bool fp8_tile(const Scales& sc, const uint8_t* data, int64_t row_bytes, int64_t 
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   };
+  const auto step32 = [&](int64_t p, const __m512* mult) {
+    __m512 lo[NR], hi[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) Fp8Decoder::decode32(d[j], p, mult[j], guard, lo[j], hi[j]);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xl = _mm512_loadu_ps(x + i * ldx + p), xh = _mm512_loadu_ps(x + i * ldx + p + 16);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j)
+        acc[i][j] = _mm512_fmadd_ps(xh, hi[j], _mm512_fmadd_ps(xl, lo[j], acc[i][j]));
+    }
+  };
   const int64_t block_cols = sc.w->block_cols;
   int64_t block = 0;
   for (int64_t p0 = 0; p0 < k; p0 += block_cols, ++block) {
@@ -369,8 +400,8 @@ bool fp8_tile(const Scales& sc, const uint8_t* data, int64_t row_bytes, int64_t 
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j)
         _mm_prefetch(reinterpret_cast<const char*>(d[j] + p + prefetch_ahead), _MM_HINT_T1);
-#pragma GCC unroll 4
-      for (int v = 0; v < 64; v += 16) step(p + v, mult);
+#pragma GCC unroll 2
+      for (int v = 0; v < 64; v += 32) step32(p + v, mult);
     }
     for (; p + 16 <= pe; p += 16) step(p, mult);
     if (p < pe) {  // the k tail
@@ -429,89 +460,87 @@ void fp4_decode(const Fp4Decoder& dec, const LinearArgs& a) {
   }
 }
 
-// MR x rows × NR panel rows over columns [p0, p1) of k, continuing the accumulators in `acc` (MR × kPanel
-// vectors, row i's at acc + i * kPanel + j): each lane's FMA chain runs on across chunks in ascending k, so
-// chunking k changes no bit of the result.
-template <int MR, int NR>
-void panel_chunk(const float* panel, int64_t ld, int64_t j0, int64_t p0, int64_t p1, int64_t k,
-                 const float* x, int64_t ldx, __m512* acc, int64_t acc_stride) {
-  __m512 c[MR][NR];
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) c[i][j] = acc[i * acc_stride + j0 + j];
-  for (int64_t p = p0; p < p1; p += 16) {
-    const __mmask16 mask = tail_mask(k - p);
-    __m512 wv[NR];
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) wv[j] = _mm512_maskz_loadu_ps(mask, panel + (j0 + j) * ld + p);
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) {
-      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + p);
-#pragma GCC unroll 4
-      for (int j = 0; j < NR; ++j) c[i][j] = _mm512_fmadd_ps(xv, wv[j], c[i][j]);
+// Many rows (prefill, batches of 4 or more): panels::linear_panels, the BF16 path's panel GEMM, over panels
+// of weight rows dequantised here, once per panel and chunk of x rows, to the reference's f32 values. While
+// it decodes a row, each packer prefetches the row a panel further on at the same column into L2.
+constexpr int64_t kPanelRows = panels::kPanelRows;
+
+// FP8: by the decode path's integer decoder where the scales allow it (Fp8Decoder); a panel in which that met
+// a NaN code is decoded again by the exact conversion (Fp8Rows::load), which every panel takes otherwise.
+struct Fp8PanelPacker {
+  const Fp8Rows& w;
+  int64_t k, n1;
+  bool integer_decode;
+  void operator()(int64_t j, int rows, float* panel) const {
+    if (integer_decode && pack_integer(j, rows, panel)) return;
+    for (int r = 0; r < rows; ++r) {
+      const int64_t n = j + r, base = w.scales.row_base(n);
+      const int steps_per_block = w.scales.steps_per_block();
+      for (int64_t s = 0, p = 0; p < k; ++s, p += 16)
+        _mm512_store_ps(panel + (s * kPanelRows + r) * 16,
+                        w.load(n, p, w.scales.get(base + s / steps_per_block), tail_mask(k - p)));
     }
   }
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) acc[i * acc_stride + j0 + j] = c[i][j];
-}
-
-// MR (≤ 4) x rows starting at i against the whole panel [n0, n1), k in chunks of kChunk columns so the x
-// rows and the panel's chunk stay in L1 (a whole row of k = 2048 floats × 4 rows + 16 panel rows would not).
-template <int MR>
-void panel_rows(const float* panel, int64_t ld, int64_t n0, int64_t n1, int64_t k, const LinearArgs& a,
-                int64_t i) {
-  constexpr int64_t kPanel = 16, kChunk = 256;
-  __m512 acc[MR * kPanel];
-  for (auto& v : acc) v = _mm512_setzero_ps();
-  const float* x = a.x + i * a.ldx;
-  const int64_t rows = n1 - n0;
-  for (int64_t p0 = 0; p0 < k; p0 += kChunk) {
-    const int64_t p1 = std::min(k, p0 + kChunk);
-    int64_t j = 0;
-    for (; j + 4 <= rows; j += 4) panel_chunk<MR, 4>(panel, ld, j, p0, p1, k, x, a.ldx, acc, kPanel);
-    for (; j < rows; ++j) panel_chunk<MR, 1>(panel, ld, j, p0, p1, k, x, a.ldx, acc, kPanel);
-  }
-  for (int r = 0; r < MR; ++r)
-    for (int64_t j = 0; j < rows; ++j) a.y[(i + r) * a.ldy + n0 + j] = reduce16(acc[r * kPanel + j]);
-}
-
-// Many rows: a panel of kPanel weight rows is dequantised once into f32 (in L2), then every block of four x
-// rows passes over it in 4 × 4 register tiles, k chunk by chunk (panel_rows).
-template <class Rows>
-void panel_gemm(const Rows& w, const LinearArgs& a) {
-  constexpr int64_t kPanel = 16;
-  const int64_t k = a.w->cols, ld = (k + 15) / 16 * 16;
-  std::vector<float> panel(static_cast<size_t>(kPanel * ld));
-  for (int64_t n0 = a.n0; n0 < a.n1; n0 += kPanel) {
-    const int64_t n1 = std::min(a.n1, n0 + kPanel);
-    for (int64_t n = n0; n < n1; ++n) {
-      const int64_t base = w.scales.row_base(n);
-      const int steps_per_block = w.scales.steps_per_block();
-      for (int64_t p = 0; p < k; p += 16) {
-        const float scale = w.scales.get(base + p / 16 / steps_per_block);
-        _mm512_storeu_ps(panel.data() + (n - n0) * ld + p, w.load(n, p, scale, tail_mask(k - p)));
+  // Fp8Decoder, 32 columns at a time where a block holds whole pairs of steps; false when it met a NaN code.
+  bool pack_integer(int64_t j, int rows, float* panel) const {
+    Fp8Decoder::Guard guard;
+    const int steps_per_block = w.scales.steps_per_block();
+    const int64_t pair_end = steps_per_block % 2 == 0 ? k / 32 * 32 : 0;
+    for (int r = 0; r < rows; ++r) {
+      const int64_t n = j + r, base = w.scales.row_base(n);
+      const uint8_t* row = w.data + n * w.row_bytes;
+      const char* ahead =
+          n + kPanelRows < n1 ? reinterpret_cast<const char*>(row + kPanelRows * w.row_bytes) : nullptr;
+      const auto block = [&](int64_t s) {
+        return Fp8Decoder::block(w.scales.get(base + s / steps_per_block));
+      };
+      int64_t p = 0;
+      for (; p < pair_end; p += 32) {
+        if (ahead != nullptr && p % 64 == 0) _mm_prefetch(ahead + p, _MM_HINT_T1);
+        __m512 lo, hi;
+        Fp8Decoder::decode32(row, p, block(p / 16), guard, lo, hi);
+        _mm512_store_ps(panel + (p / 16 * kPanelRows + r) * 16, lo);
+        _mm512_store_ps(panel + ((p / 16 + 1) * kPanelRows + r) * 16, hi);
+      }
+      for (; p < k; p += 16) {
+        if (ahead != nullptr && p % 64 == 0) _mm_prefetch(ahead + p, _MM_HINT_T1);
+        const __mmask16 mask = tail_mask(k - p);
+        _mm512_store_ps(panel + (p / 16 * kPanelRows + r) * 16,
+                        mask == 0xffff ? Fp8Decoder::decode(row, p, block(p / 16), guard)
+                                       : Fp8Decoder::decode_tail(row, p, block(p / 16), guard, mask));
       }
     }
-    int64_t i = 0;
-    for (; i + 4 <= a.m; i += 4) panel_rows<4>(panel.data(), ld, n0, n1, k, a, i);
-    switch (a.m - i) {
-      case 3:
-        panel_rows<3>(panel.data(), ld, n0, n1, k, a, i);
-        break;
-      case 2:
-        panel_rows<2>(panel.data(), ld, n0, n1, k, a, i);
-        break;
-      case 1:
-        panel_rows<1>(panel.data(), ld, n0, n1, k, a, i);
-        break;
-      default:
-        break;
+    return guard.clean();
+  }
+};
+
+// FP4 (k a multiple of the block, 16 or 32): Fp4Decoder's table lookups, then its lanes back in order.
+template <int BC>
+struct Fp4PanelPacker {
+  const Fp4Decoder& dec;
+  const PackedWeight& w;
+  int64_t n1;
+  void operator()(int64_t j, int rows, float* panel) const {
+    const auto* data = reinterpret_cast<const uint8_t*>(w.data);
+    const auto* codes = reinterpret_cast<const uint8_t*>(w.scales);
+    const __m512i order = Fp4Decoder::physical_of_logical();
+    for (int r = 0; r < rows; ++r) {
+      const int64_t n = j + r;
+      const uint8_t* row = data + n * w.row_bytes;
+      const uint8_t* code = codes + n * w.scale_row_stride;
+      const char* ahead =
+          n + kPanelRows < n1 ? reinterpret_cast<const char*>(row + kPanelRows * w.row_bytes) : nullptr;
+      for (int64_t p = 0; p < w.cols; p += BC) {
+        if (ahead != nullptr && p % 128 == 0) _mm_prefetch(ahead + p / 2, _MM_HINT_T1);
+        const Fp4Decoder::Block b = dec.block_of_code(code[p / BC]);
+#pragma GCC unroll 2
+        for (int q = 0; q < BC; q += 16)
+          _mm512_store_ps(panel + ((p + q) / 16 * kPanelRows + r) * 16,
+                          _mm512_maskz_permutexvar_ps(0xffff, order, dec.decode(row + (p + q) / 2, b)));
+      }
     }
   }
-}
+};
 
 template <class Rows>
 void linear(const LinearArgs& a, WeightFormat format) {
@@ -525,8 +554,7 @@ void linear(const LinearArgs& a, WeightFormat format) {
       return fp4_decode<16>(dec, a);
     }
     if constexpr (std::is_same_v<Rows, Fp8Rows>)
-      if (quant::fp8_scales_foldable(*a.w, a.n0, a.n1, 0x1p8f) && (_mm_getcsr() & kDenormalsAreZero) == 0)
-        return fp8_decode(w, a);
+      if (quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1)) return fp8_decode(w, a);
   }
   switch (a.m) {
     case 1:
@@ -536,7 +564,19 @@ void linear(const LinearArgs& a, WeightFormat format) {
     case 3:
       return stream_rows<3, 4>(w, a);
     default:
-      return panel_gemm(w, a);
+      break;
+  }
+  if constexpr (std::is_same_v<Rows, Fp4Rows>) {
+    const Fp4Decoder dec(w.scales);
+    if (format == WeightFormat::mxfp4)
+      return panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
+                                   Fp4PanelPacker<32>{dec, *a.w, a.n1});
+    return panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
+                                 Fp4PanelPacker<16>{dec, *a.w, a.n1});
+  } else {
+    const bool integer_decode = quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1);
+    panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
+                          Fp8PanelPacker{w, a.w->cols, a.n1, integer_decode});
   }
 }
 

@@ -1,5 +1,7 @@
 // The quantized linears' oracle: each weight row decoded by PackedWeight::row_to_f32 (PyTorch's
 // dequantisation), then plain lane loops in the shared summation order (linear_quant.hpp).
+#include <xmmintrin.h>
+
 #include <cmath>
 #include <vector>
 
@@ -27,6 +29,11 @@ bool fp8_scales_foldable(const PackedWeight& w, int64_t n0, int64_t n1, float li
       if (!(std::fabs(decode_scale(w.scale_type, w.scales, r * w.scale_row_stride + b)) < limit))
         return false;
   return true;
+}
+
+bool fp8_integer_decode_exact(const PackedWeight& w, int64_t n0, int64_t n1) {
+  constexpr unsigned kDenormalsAreZero = 0x40;  // MXCSR.DAZ
+  return (_mm_getcsr() & kDenormalsAreZero) == 0 && fp8_scales_foldable(w, n0, n1, 0x1p8f);
 }
 
 void check_linear_args(const LinearArgs& a, WeightFormat format) {
