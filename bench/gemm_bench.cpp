@@ -180,9 +180,14 @@ struct Ceilings {
 // Times every variant and peer at one shape, interleaved, and prints each one's median GFLOP/s, its share of
 // the FMA peak and of the probe, and the median over rounds of its speed relative to the round's fastest
 // peer.
+// Empty `only` keeps every contender.
+bool wanted(const std::vector<std::string>& only, const std::string& name) {
+  return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
+}
+
 template <class In>
 void bench_shape(const BenchShape& s, const std::vector<Variant<In>>& variants, const Ceilings& ceil,
-                 int reps, bool thread_cpu) {
+                 int reps, bool thread_cpu, const std::vector<std::string>& only) {
   const auto a = random_values<In>(s.m * s.k, 1), b = random_values<In>(s.k * s.n, 2);
   std::vector<float> c(static_cast<size_t>(s.m * s.n));
   const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
@@ -190,19 +195,24 @@ void bench_shape(const BenchShape& s, const std::vector<Variant<In>>& variants, 
   std::vector<Contender> cs;
   std::vector<double> peaks;  // each contender's ceiling
   for (const Variant<In>& v : variants) {
+    if (!wanted(only, v.name)) continue;
     cs.push_back({v.name, [fn = v.fn, &g] { fn(g); }, false});
     peaks.push_back(v.dot_bf16 ? ceil.bf16_dot : ceil.f32_fma);
   }
   // oneDNN's bf16 matmul runs VDPBF16PS where the CPU has it.
   const double peer_peak = std::is_same_v<In, bf16> ? ceil.bf16_dot : ceil.f32_fma;
 #ifdef XMOE_HAVE_DNNL
-  cs.push_back({"onednn", onednn_call(s, a, b, c), true});
-  peaks.push_back(peer_peak);
+  if (wanted(only, "onednn")) {
+    cs.push_back({"onednn", onednn_call(s, a, b, c), true});
+    peaks.push_back(peer_peak);
+  }
 #endif
 #ifdef XMOE_HAVE_OPENBLAS
   if constexpr (std::is_same_v<In, float>) {
-    cs.push_back({"openblas", openblas_call(s, a, b, c), true});
-    peaks.push_back(peer_peak);
+    if (wanted(only, "openblas")) {
+      cs.push_back({"openblas", openblas_call(s, a, b, c), true});
+      peaks.push_back(peer_peak);
+    }
   }
 #endif
   (void)peer_peak;
@@ -227,7 +237,7 @@ void bench_shape(const BenchShape& s, const std::vector<Variant<In>>& variants, 
 
 constexpr const char* kUsage =
     "usage: gemm_bench [--threads 1,2] [--reps 5] [--shapes MxNxK[:TT],...] [--dtypes f32,bf16]\n"
-    "                  [--clock wall|thread]\n"
+    "                  [--clock wall|thread] [--variants avx2,avx512,avx512_bf16,onednn,openblas]\n"
     "  clock thread: time the calling thread's CPU time (kernels and peaks; needs --threads 1), which\n"
     "  leaves out the time a loaded machine kept the thread waiting (the in-cache probe stays on the wall\n"
     "  clock)\n"
@@ -248,6 +258,7 @@ int main(int argc, char** argv) {
   std::vector<BenchShape> shapes;
   std::vector<std::string> dtypes = {"f32", "bf16"};
   bool thread_cpu = false;
+  std::vector<std::string> only;  // --variants: the contenders to run (default all)
   for (int i = 1; i < argc; i += 2) {
     const std::string key = argv[i];
     if (key == "--help" || key == "-h") {
@@ -268,6 +279,8 @@ int main(int argc, char** argv) {
       for (const auto& s : split(value, ',')) shapes.push_back(parse_shape(s));
     } else if (key == "--dtypes") {
       dtypes = split(value, ',');
+    } else if (key == "--variants") {
+      only = split(value, ',');
     } else if (key == "--clock" && (value == "wall" || value == "thread")) {
       thread_cpu = value == "thread";
     } else {
@@ -322,8 +335,10 @@ int main(int argc, char** argv) {
       std::printf("%s  threads=%d  FMA peak: f32 %.1f, VDPBF16PS %.1f GFLOP/s\n", s.str().c_str(), t,
                   ceil.f32_fma, ceil.bf16_dot);
       for (const std::string& d : dtypes) {
-        if (d == "f32") ceil.probe = f32_probe, bench_shape<float>(s, f32_variants, ceil, reps, thread_cpu);
-        if (d == "bf16") ceil.probe = bf16_probe, bench_shape<bf16>(s, bf16_variants, ceil, reps, thread_cpu);
+        if (d == "f32")
+          ceil.probe = f32_probe, bench_shape<float>(s, f32_variants, ceil, reps, thread_cpu, only);
+        if (d == "bf16")
+          ceil.probe = bf16_probe, bench_shape<bf16>(s, bf16_variants, ceil, reps, thread_cpu, only);
       }
     }
   }
