@@ -243,7 +243,8 @@ constexpr const char* kUsage =
     "  leaves out the time a loaded machine kept the thread waiting (the in-cache probe stays on the wall\n"
     "  clock); clock process: the process's CPU time per thread, the same for a team (it also leaves out\n"
     "  the time threads wait for each other, and counts OpenBLAS's spinning threads as busy, so use it to\n"
-    "  compare builds of our kernels, not against OpenBLAS)\n"
+    "  compare builds of our kernels, not against OpenBLAS; run it with OMP_WAIT_POLICY=passive, or\n"
+    "  threads spinning at barriers count as busy)\n"
     "  shapes: C[M,N] = op(A)[M,K] op(B)[K,N]; T after ':' transposes A, then B (default: the MoE layer's\n"
     "  expert shapes at Tutel's helloworld defaults, forward and backward, and smaller token counts)\n";
 

@@ -118,7 +118,7 @@ double register_bf16_dot_peak_gflops(const CpuFeatures& features, int threads, d
                                      PeakClock clock) {
   XMOE_CHECK(features.has_avx512_bf16(), "bf16 dot peak: this CPU/OS has no AVX512-BF16");
   XMOE_CHECK(threads >= 1, "bf16 dot peak: threads must be at least 1, got ", threads);
-  XMOE_CHECK(clock == PeakClock::wall || threads == 1,
+  XMOE_CHECK(clock != PeakClock::thread_cpu || threads == 1,
              "bf16 dot peak: the thread CPU clock needs 1 thread, got ", threads);
   return chains_rate(chains_dpbf16, 4.0 * kChains * 16, 16, threads, seconds, clock);
 }
@@ -127,8 +127,8 @@ double register_fma_peak_gflops(Isa isa, const CpuFeatures& features, int thread
                                 PeakClock clock) {
   XMOE_CHECK(isa_supported(features, isa), "fma peak: ", isa_name(isa), " is not supported by this CPU/OS");
   XMOE_CHECK(threads >= 1, "fma peak: threads must be at least 1, got ", threads);
-  XMOE_CHECK(clock == PeakClock::wall || threads == 1, "fma peak: the thread CPU clock needs 1 thread, got ",
-             threads);
+  XMOE_CHECK(clock != PeakClock::thread_cpu || threads == 1,
+             "fma peak: the thread CPU clock needs 1 thread, got ", threads);
   float (*chains)(int64_t, float, float) = chains_scalar;
   int lanes = 1;
   if (isa == Isa::avx2) chains = chains_avx2, lanes = 8;

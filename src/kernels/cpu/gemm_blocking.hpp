@@ -89,17 +89,29 @@ template <int R, int KP, class P, class In>
 void pack_strided_k(const In* src, int64_t ld, int64_t count, int64_t depth, P* dst) {
   const int64_t slots = ceil_div(depth, KP);
   constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(In));
-  for (int64_t p = 0; p < depth; ++p) {
-    const In* row = src + p * ld;
-    if (p + kRowsAhead < depth)
-      for (int64_t j = 0; j < count; j += kLine) __builtin_prefetch(row + kRowsAhead * ld + j);
-    P* out = dst + (p / KP) * R * KP + p % KP;
-    int64_t c0 = 0;
-    for (; c0 + R <= count; c0 += R, out += slots * R * KP) {
-#pragma GCC unroll 8
-      for (int64_t i = 0; i < R; ++i) out[i * KP] = to_packed<P>(row[c0 + i]);
+  // KP source rows at a time, interleaved into each panel's k-slot: whole contiguous slots written (for bf16
+  // pairs, 2-byte stores one apart would each be a separate store).
+  for (int64_t p = 0; p < depth; p += KP) {
+    const int64_t q_end = std::min<int64_t>(KP, depth - p);  // a short last slot keeps its zeros
+    for (int64_t q = 0; q < q_end; ++q) {
+      if (p + q + kRowsAhead < depth)
+        for (int64_t j = 0; j < count; j += kLine) __builtin_prefetch(src + (p + q + kRowsAhead) * ld + j);
     }
-    for (int64_t i = 0; c0 + i < count; ++i) out[i * KP] = to_packed<P>(row[c0 + i]);
+    P* out = dst + (p / KP) * R * KP;
+    int64_t c0 = 0;
+    if (q_end == KP) {
+      for (; c0 + R <= count; c0 += R, out += slots * R * KP) {
+#pragma GCC unroll 8
+        for (int64_t i = 0; i < R; ++i) {
+#pragma GCC unroll 2
+          for (int q = 0; q < KP; ++q) out[i * KP + q] = to_packed<P>(src[(p + q) * ld + c0 + i]);
+        }
+      }
+    }
+    for (; c0 < count; c0 += R, out += slots * R * KP) {
+      for (int64_t i = 0; i < std::min<int64_t>(R, count - c0); ++i)
+        for (int64_t q = 0; q < q_end; ++q) out[i * KP + q] = to_packed<P>(src[(p + q) * ld + c0 + i]);
+    }
   }
 }
 
