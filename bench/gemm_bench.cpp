@@ -7,7 +7,7 @@
 // the f32 FMA's for the rest (avx2/avx512 widen bf16 to f32 while packing).
 //
 //   gemm_bench [--threads 1,2] [--reps 5] [--shapes 8192x2048x2048:NN,...] [--dtypes f32,bf16]
-//              [--clock wall|thread]      (--help lists the defaults)
+//              [--clock wall|thread|process] [--variants ...]      (--help lists the defaults)
 //
 // Built by CMake when libdnnl-dev or libopenblas-dev is installed (target gemm_bench).
 #include <omp.h>
@@ -77,16 +77,17 @@ struct Contender {
 
 // Seconds per call of each contender over `reps` rounds after one warm-up call each; every round calls each
 // contender once, in turn, so that a shared machine's load drift reaches all of them alike.
-// `thread_cpu`: the calling thread's CPU time instead of the wall clock (1 thread only), which leaves out the
-// time a loaded machine kept the thread off the core.
+// `clock`: the wall clock, the calling thread's CPU time (1 thread only), or the process's CPU time per
+// thread; the CPU clocks leave out the time a loaded machine kept threads off the cores.
 std::vector<std::vector<double>> interleaved_seconds(const std::vector<Contender>& cs, int reps,
-                                                     bool thread_cpu) {
-  auto now = [thread_cpu] {
-    if (!thread_cpu)
+                                                     PeakClock clock, int threads) {
+  auto now = [clock, threads] {
+    if (clock == PeakClock::wall)
       return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
     timespec ts{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+    clock_gettime(clock == PeakClock::thread_cpu ? CLOCK_THREAD_CPUTIME_ID : CLOCK_PROCESS_CPUTIME_ID, &ts);
+    const double cpu = static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+    return clock == PeakClock::process_cpu ? cpu / threads : cpu;
   };
   for (const Contender& c : cs) c.call();
   std::vector<std::vector<double>> t(cs.size());
@@ -180,9 +181,14 @@ struct Ceilings {
 // Times every variant and peer at one shape, interleaved, and prints each one's median GFLOP/s, its share of
 // the FMA peak and of the probe, and the median over rounds of its speed relative to the round's fastest
 // peer.
+// Empty `only` keeps every contender.
+bool wanted(const std::vector<std::string>& only, const std::string& name) {
+  return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
+}
+
 template <class In>
 void bench_shape(const BenchShape& s, const std::vector<Variant<In>>& variants, const Ceilings& ceil,
-                 int reps, bool thread_cpu) {
+                 int reps, PeakClock clock, int threads, const std::vector<std::string>& only) {
   const auto a = random_values<In>(s.m * s.k, 1), b = random_values<In>(s.k * s.n, 2);
   std::vector<float> c(static_cast<size_t>(s.m * s.n));
   const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
@@ -190,23 +196,28 @@ void bench_shape(const BenchShape& s, const std::vector<Variant<In>>& variants, 
   std::vector<Contender> cs;
   std::vector<double> peaks;  // each contender's ceiling
   for (const Variant<In>& v : variants) {
+    if (!wanted(only, v.name)) continue;
     cs.push_back({v.name, [fn = v.fn, &g] { fn(g); }, false});
     peaks.push_back(v.dot_bf16 ? ceil.bf16_dot : ceil.f32_fma);
   }
   // oneDNN's bf16 matmul runs VDPBF16PS where the CPU has it.
   const double peer_peak = std::is_same_v<In, bf16> ? ceil.bf16_dot : ceil.f32_fma;
 #ifdef XMOE_HAVE_DNNL
-  cs.push_back({"onednn", onednn_call(s, a, b, c), true});
-  peaks.push_back(peer_peak);
-#endif
-#ifdef XMOE_HAVE_OPENBLAS
-  if constexpr (std::is_same_v<In, float>) {
-    cs.push_back({"openblas", openblas_call(s, a, b, c), true});
+  if (wanted(only, "onednn")) {
+    cs.push_back({"onednn", onednn_call(s, a, b, c), true});
     peaks.push_back(peer_peak);
   }
 #endif
+#ifdef XMOE_HAVE_OPENBLAS
+  if constexpr (std::is_same_v<In, float>) {
+    if (wanted(only, "openblas")) {
+      cs.push_back({"openblas", openblas_call(s, a, b, c), true});
+      peaks.push_back(peer_peak);
+    }
+  }
+#endif
   (void)peer_peak;
-  const std::vector<std::vector<double>> t = interleaved_seconds(cs, reps, thread_cpu);
+  const std::vector<std::vector<double>> t = interleaved_seconds(cs, reps, clock, threads);
   for (size_t i = 0; i < cs.size(); ++i) {
     const double gflops = flops / median_of(t[i]) / 1e9;
     std::printf("  %-18s %-5s %-12s %8.1f GFLOP/s  %5.1f%% of FMA peak  %5.1f%% of probe", s.str().c_str(),
@@ -227,10 +238,13 @@ void bench_shape(const BenchShape& s, const std::vector<Variant<In>>& variants, 
 
 constexpr const char* kUsage =
     "usage: gemm_bench [--threads 1,2] [--reps 5] [--shapes MxNxK[:TT],...] [--dtypes f32,bf16]\n"
-    "                  [--clock wall|thread]\n"
+    "                  [--clock wall|thread|process] [--variants avx2,avx512,avx512_bf16,onednn,openblas]\n"
     "  clock thread: time the calling thread's CPU time (kernels and peaks; needs --threads 1), which\n"
     "  leaves out the time a loaded machine kept the thread waiting (the in-cache probe stays on the wall\n"
-    "  clock)\n"
+    "  clock); clock process: the process's CPU time per thread, the same for a team (it also leaves out\n"
+    "  the time threads wait for each other, and counts OpenBLAS's spinning threads as busy, so use it to\n"
+    "  compare builds of our kernels, not against OpenBLAS; run it with OMP_WAIT_POLICY=passive, or\n"
+    "  threads spinning at barriers count as busy)\n"
     "  shapes: C[M,N] = op(A)[M,K] op(B)[K,N]; T after ':' transposes A, then B (default: the MoE layer's\n"
     "  expert shapes at Tutel's helloworld defaults, forward and backward, and smaller token counts)\n";
 
@@ -247,7 +261,8 @@ int main(int argc, char** argv) {
   int reps = 5;
   std::vector<BenchShape> shapes;
   std::vector<std::string> dtypes = {"f32", "bf16"};
-  bool thread_cpu = false;
+  PeakClock clock = PeakClock::wall;
+  std::vector<std::string> only;  // --variants: the contenders to run (default all)
   for (int i = 1; i < argc; i += 2) {
     const std::string key = argv[i];
     if (key == "--help" || key == "-h") {
@@ -268,8 +283,12 @@ int main(int argc, char** argv) {
       for (const auto& s : split(value, ',')) shapes.push_back(parse_shape(s));
     } else if (key == "--dtypes") {
       dtypes = split(value, ',');
-    } else if (key == "--clock" && (value == "wall" || value == "thread")) {
-      thread_cpu = value == "thread";
+    } else if (key == "--variants") {
+      only = split(value, ',');
+    } else if (key == "--clock" && (value == "wall" || value == "thread" || value == "process")) {
+      clock = value == "wall"     ? PeakClock::wall
+              : value == "thread" ? PeakClock::thread_cpu
+                                  : PeakClock::process_cpu;
     } else {
       std::fprintf(stderr, "unknown option %s\n%s", key.c_str(), kUsage);
       return 2;
@@ -300,11 +319,13 @@ int main(int argc, char** argv) {
     best.gemm_bf16 = avx512_bf16::gemm_bf16;
   }
 
-  if (thread_cpu && (threads.size() != 1 || threads[0] != 1)) {
+  if (clock == PeakClock::thread_cpu && (threads.size() != 1 || threads[0] != 1)) {
     std::fprintf(stderr, "--clock thread needs --threads 1\n");
     return 2;
   }
-  std::printf("clock: %s\n", thread_cpu ? "calling thread's CPU time" : "wall");
+  std::printf("clock: %s\n", clock == PeakClock::wall         ? "wall"
+                             : clock == PeakClock::thread_cpu ? "calling thread's CPU time"
+                                                              : "process CPU time per thread");
   for (int t : threads) {
     omp_set_num_threads(t);
 #ifdef XMOE_HAVE_OPENBLAS
@@ -316,14 +337,15 @@ int main(int argc, char** argv) {
     for (const BenchShape& s : shapes) {
       // Re-measured before each shape: the load on a shared machine drifts over a run.
       Ceilings ceil{};
-      const PeakClock clock = thread_cpu ? PeakClock::thread_cpu : PeakClock::wall;
       ceil.f32_fma = register_fma_peak_gflops(f.has_avx512() ? Isa::avx512 : Isa::avx2, f, t, 0.2, clock);
       ceil.bf16_dot = f.has_avx512_bf16() ? register_bf16_dot_peak_gflops(f, t, 0.2, clock) : ceil.f32_fma;
       std::printf("%s  threads=%d  FMA peak: f32 %.1f, VDPBF16PS %.1f GFLOP/s\n", s.str().c_str(), t,
                   ceil.f32_fma, ceil.bf16_dot);
       for (const std::string& d : dtypes) {
-        if (d == "f32") ceil.probe = f32_probe, bench_shape<float>(s, f32_variants, ceil, reps, thread_cpu);
-        if (d == "bf16") ceil.probe = bf16_probe, bench_shape<bf16>(s, bf16_variants, ceil, reps, thread_cpu);
+        if (d == "f32")
+          ceil.probe = f32_probe, bench_shape<float>(s, f32_variants, ceil, reps, clock, t, only);
+        if (d == "bf16")
+          ceil.probe = bf16_probe, bench_shape<bf16>(s, bf16_variants, ceil, reps, clock, t, only);
       }
     }
   }

@@ -191,7 +191,10 @@ TEST_P(GemmVariant, Bf16MatchesReference) {
 template <class In>
 void check_thread_count_invariance(void (*gemm)(const GemmArgs<In, float>&)) {
   ThreadCountGuard guard;
-  const Shape3 shapes[] = {{150, 90, 517}, {9, 400, 300}};
+  // Tall products (every thread multiplies the same op(B) block, packed once by the team): several kc
+  // blocks, so each of the two shared op(B) buffers is reused, an nc edge, and edge panels split over
+  // threads; then a wide one, split over columns.
+  const Shape3 shapes[] = {{150, 90, 517}, {60, 2100, 1100}, {9, 400, 300}};
   for (const Shape3& s : shapes) {
     for (int trans = 0; trans < 4; ++trans) {
       const Problem<In> p(s.m, s.n, s.k, trans & 1, trans & 2, trans == 1, 3, 77 + trans);

@@ -68,14 +68,27 @@ __attribute__((target("avx512f,avx512bf16"))) float chains_dpbf16(int64_t iters,
   return _mm512_cvtss_f32(s);
 }
 
-double thread_cpu_seconds() {
+double cpu_seconds(clockid_t id) {
   timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  clock_gettime(id, &t);
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
+// Seconds on `clock`: wall, the calling thread's CPU time, or the process's CPU time per thread.
+double now(PeakClock clock, int threads) {
+  switch (clock) {
+    case PeakClock::thread_cpu:
+      return cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+    case PeakClock::process_cpu:
+      return cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) / threads;
+    case PeakClock::wall:
+      break;
+  }
+  return omp_get_wtime();
+}
+
 // GFLOP/s of `chains` on `threads` threads: seven runs of about seconds / 7 each (sized at a guessed
-// 6 GFLOP/s per f32 lane and thread), the median. PeakClock::thread_cpu times the one thread's CPU time.
+// 6 GFLOP/s per f32 lane and thread), the median, on `clock` (see PeakClock).
 double chains_rate(float (*chains)(int64_t, float, float), double flops_per_iter, int lanes, int threads,
                    double seconds, PeakClock clock) {
   const int64_t iters =
@@ -83,15 +96,14 @@ double chains_rate(float (*chains)(int64_t, float, float), double flops_per_iter
   std::vector<double> rates;
   float sink = 0;
   for (int run = 0; run < 7; ++run) {
-    const bool cpu = clock == PeakClock::thread_cpu;
-    const double t0 = cpu ? thread_cpu_seconds() : omp_get_wtime();
-    if (cpu) {
+    const double t0 = now(clock, threads);
+    if (clock == PeakClock::thread_cpu) {
       sink += chains(iters, 0.999f, 1e-3f);
     } else {
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
       sink += chains(iters, 0.999f, 1e-3f);
     }
-    const double t = (cpu ? thread_cpu_seconds() : omp_get_wtime()) - t0;
+    const double t = now(clock, threads) - t0;
     rates.push_back(threads * static_cast<double>(iters) * flops_per_iter / t / 1e9);
   }
   volatile float keep = sink;  // the chains' results are used
@@ -106,7 +118,7 @@ double register_bf16_dot_peak_gflops(const CpuFeatures& features, int threads, d
                                      PeakClock clock) {
   XMOE_CHECK(features.has_avx512_bf16(), "bf16 dot peak: this CPU/OS has no AVX512-BF16");
   XMOE_CHECK(threads >= 1, "bf16 dot peak: threads must be at least 1, got ", threads);
-  XMOE_CHECK(clock == PeakClock::wall || threads == 1,
+  XMOE_CHECK(clock != PeakClock::thread_cpu || threads == 1,
              "bf16 dot peak: the thread CPU clock needs 1 thread, got ", threads);
   return chains_rate(chains_dpbf16, 4.0 * kChains * 16, 16, threads, seconds, clock);
 }
@@ -115,8 +127,8 @@ double register_fma_peak_gflops(Isa isa, const CpuFeatures& features, int thread
                                 PeakClock clock) {
   XMOE_CHECK(isa_supported(features, isa), "fma peak: ", isa_name(isa), " is not supported by this CPU/OS");
   XMOE_CHECK(threads >= 1, "fma peak: threads must be at least 1, got ", threads);
-  XMOE_CHECK(clock == PeakClock::wall || threads == 1, "fma peak: the thread CPU clock needs 1 thread, got ",
-             threads);
+  XMOE_CHECK(clock != PeakClock::thread_cpu || threads == 1,
+             "fma peak: the thread CPU clock needs 1 thread, got ", threads);
   float (*chains)(int64_t, float, float) = chains_scalar;
   int lanes = 1;
   if (isa == Isa::avx2) chains = chains_avx2, lanes = 8;

@@ -14,8 +14,12 @@ namespace xmoe::kernels {
 // kernels it is compared with see. Throws xmoe::Error if this CPU cannot run `isa` or threads < 1.
 // PeakClock::thread_cpu (threads must be 1) times the calling thread's CPU time instead of the wall clock: on
 // a shared machine it leaves out the time the thread waited for a core, for comparisons with kernels timed
-// the same way (gemm_bench --clock thread).
-enum class PeakClock { wall, thread_cpu };
+// the same way (gemm_bench --clock thread). PeakClock::process_cpu times the process's CPU time divided by
+// `threads`: each thread's busy time, the rate a team would reach if no thread ever waited for a core (it
+// also leaves out the time threads wait for each other), for comparing multi-threaded kernels on a loaded
+// machine (gemm_bench --clock process; under OMP_WAIT_POLICY=passive, else threads spinning at the
+// barrier count as busy).
+enum class PeakClock { wall, thread_cpu, process_cpu };
 double register_fma_peak_gflops(Isa isa, const CpuFeatures& features, int threads, double seconds = 0.2,
                                 PeakClock clock = PeakClock::wall);
 
