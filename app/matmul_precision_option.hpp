@@ -1,0 +1,17 @@
+// --matmul-precision for the commands that run a model (generate, serve): the option, and the precision a
+// run gets on this CPU (medium needs bf16 products; elsewhere it falls back to highest with a notice).
+#pragma once
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "kernels/linear_precision.hpp"
+
+namespace xmoe::app {
+
+CLI::Option* add_matmul_precision_option(CLI::App* cmd, std::string& value);
+
+// The precision the kernel level `isa_cap` (empty: the best this CPU runs) gives for `requested`; prints a
+// one-line notice on stderr when medium falls back to highest.
+kernels::MatmulPrecision effective_matmul_precision(const std::string& requested, const std::string& isa_cap);
+
+}  // namespace xmoe::app
