@@ -150,19 +150,29 @@ std::vector<std::string> read_prompt_lines(const std::string& path) {
   return lines;
 }
 
-// The register-only peak of the arithmetic the model's linears run, on all OpenMP threads: f32 FMA chains of
-// the kernel level (--isa caps it) at the highest precision, VDPBF16PS chains at medium.
-double compute_peak(const std::string& isa_cap, kernels::MatmulPrecision precision) {
-  const kernels::CpuFeatures features = kernels::detect_cpu_features();
-  if (precision == kernels::MatmulPrecision::medium)
-    return kernels::register_bf16_dot_peak_gflops(features, omp_get_max_threads());
-  kernels::Isa isa = kernels::best_isa(features);
-  if (!isa_cap.empty()) isa = std::min(isa, kernels::parse_isa(isa_cap));
-  return kernels::register_fma_peak_gflops(isa, features, omp_get_max_threads());
+// The kernel level the model runs: the best this CPU has, capped by --isa.
+kernels::Isa model_isa(const kernels::CpuFeatures& features, const std::string& isa_cap) {
+  const kernels::Isa best = kernels::best_isa(features);
+  return isa_cap.empty() ? best : std::min(best, kernels::parse_isa(isa_cap));
 }
 
-const char* peak_name(kernels::MatmulPrecision precision) {
-  return precision == kernels::MatmulPrecision::medium ? "VDPBF16PS" : "FMA";
+// Whether the BF16 linears run VDPBF16PS (medium on a level that has it) rather than f32 FMAs.
+bool runs_bf16_dot(const std::string& isa_cap, kernels::MatmulPrecision precision) {
+  return precision == kernels::MatmulPrecision::medium &&
+         model_isa(kernels::detect_cpu_features(), isa_cap) >= kernels::Isa::avx512_bf16;
+}
+
+// The register-only peak of the arithmetic the model's linears run, on all OpenMP threads: VDPBF16PS chains
+// at medium, else f32 FMA chains of the kernel level.
+double compute_peak(const std::string& isa_cap, kernels::MatmulPrecision precision) {
+  const kernels::CpuFeatures features = kernels::detect_cpu_features();
+  if (runs_bf16_dot(isa_cap, precision))
+    return kernels::register_bf16_dot_peak_gflops(features, omp_get_max_threads());
+  return kernels::register_fma_peak_gflops(model_isa(features, isa_cap), features, omp_get_max_threads());
+}
+
+const char* peak_name(const std::string& isa_cap, kernels::MatmulPrecision precision) {
+  return runs_bf16_dot(isa_cap, precision) ? "VDPBF16PS" : "FMA";
 }
 
 // /proc/loadavg's first three fields ("?" where it cannot be read): the machine may be shared.
@@ -384,7 +394,7 @@ int run_generate(const GenerateOptions& o) {
         stderr,
         "prefill compute: %.1f GFLOP in all, %.1f GFLOP/s = %.1f %% of the register-only %s peak %.1f "
         "GFLOP/s (%d threads)%s\n",
-        flops / 1e9, gflops, 100.0 * gflops / peak, peak_name(precision), peak, omp_get_max_threads(),
+        flops / 1e9, gflops, 100.0 * gflops / peak, peak_name(o.isa, precision), peak, omp_get_max_threads(),
         st.preemptions > 0 ? " (preemptions recomputed tokens: not counted)" : "");
   }
   const double decode_rate = per_second(static_cast<double>(st.decode_tokens), st.decode_seconds);
@@ -439,7 +449,7 @@ int run_generate(const GenerateOptions& o) {
           stderr,
           "\ndecode compute ceiling: %.2f tokens/s aggregate (%.2f GFLOP per step at the register-only "
           "%s peak %.1f GFLOP/s); %s binds",
-          compute_roof, step_flops / 1e9, peak_name(precision), compute_peak_gflops,
+          compute_roof, step_flops / 1e9, peak_name(o.isa, precision), compute_peak_gflops,
           compute_roof < bandwidth_roof ? "compute" : "bandwidth");
   }
   std::fprintf(stderr, "\n");

@@ -10,8 +10,9 @@ namespace xmoe::app {
 
 CLI::Option* add_matmul_precision_option(CLI::App* cmd, std::string& value);
 
-// The precision the kernel level `isa_cap` (empty: the best this CPU runs) gives for `requested`; prints a
-// one-line notice on stderr when medium falls back to highest.
+// The precision the kernel level `isa_cap` (empty: the best this CPU runs) gives for `requested`: medium needs
+// a CPU with AVX512-BF16 and a level that uses it (avx512_bf16, amx; reference emulates it exactly); else it
+// falls back to highest with a one-line notice on stderr.
 kernels::MatmulPrecision effective_matmul_precision(const std::string& requested, const std::string& isa_cap);
 
 }  // namespace xmoe::app

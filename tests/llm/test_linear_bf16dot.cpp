@@ -17,6 +17,7 @@
 #include <random>
 #include <vector>
 
+#include "cli_runner.hpp"
 #include "kernels/cpu_features.hpp"
 #include "kernels/kernels.hpp"
 #include "kernels/linear.hpp"
@@ -280,6 +281,30 @@ TEST(LinearBf16Dot, TinyModelAtMediumMatchesTransformers) {
   EXPECT_GT(apart, 1e-4) << isa << ": medium really rounded the activations";
   std::printf("%s: medium vs transformers f32 %.3g, medium vs highest %.3g (max |diff| / max |ref|)\n",
               isa.c_str(), worst, apart);
+}
+
+// `xmoe generate --matmul-precision`: the run's header says which precision ran; a level without bf16
+// products falls back to highest with a notice; a bad value is refused naming the option.
+TEST(LinearBf16Dot, GenerateTakesTheFlag) {
+  using xmoe::testing_cli::run_cli;
+  const std::string base =
+      "generate --model " + kModels + "/tied-sparse-bf16 --prompt-ids 1,2,3 --max-tokens 2";
+  const bool has_bf16 = kernels::isa_supported(kernels::detect_cpu_features(), kernels::Isa::avx512_bf16);
+  const auto medium = run_cli(base + " --matmul-precision medium");
+  EXPECT_EQ(medium.code, 0) << medium.output;
+  EXPECT_NE(medium.output.find(has_bf16 ? "matmul precision medium" : "matmul precision highest"),
+            std::string::npos)
+      << medium.output;
+  const auto capped = run_cli(base + " --matmul-precision medium --isa avx2");
+  if (kernels::isa_supported(kernels::detect_cpu_features(), kernels::Isa::avx2)) {
+    EXPECT_EQ(capped.code, 0) << capped.output;
+    EXPECT_NE(capped.output.find("notice: --matmul-precision medium needs AVX512-BF16"), std::string::npos)
+        << capped.output;
+    EXPECT_NE(capped.output.find("matmul precision highest"), std::string::npos) << capped.output;
+  }
+  const auto bad = run_cli(base + " --matmul-precision fast");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.output.find("--matmul-precision"), std::string::npos) << bad.output;
 }
 
 }  // namespace
