@@ -239,8 +239,9 @@ int run_generate(const GenerateOptions& o) {
   sampling.frequency_penalty = o.frequency_penalty;
   sampling.validate();
 
-  const kernels::MatmulPrecision precision = effective_matmul_precision(o.matmul_precision, o.isa);
-  bundle.load_weights(parse_dtype(o.dtype), o.isa, precision);
+  const DType dtype = parse_dtype(o.dtype);
+  const kernels::MatmulPrecision precision = effective_matmul_precision(o.matmul_precision, o.isa, dtype);
+  bundle.load_weights(dtype, o.isa, precision);
   const std::unique_ptr<llm::CausalLM>& model = bundle.model;
   // Opening the checkpoint and building the model (tokenizer and template reading included, both small).
   const double load_seconds =

@@ -16,9 +16,15 @@ CLI::Option* add_matmul_precision_option(CLI::App* cmd, std::string& value) {
       ->capture_default_str();
 }
 
-kernels::MatmulPrecision effective_matmul_precision(const std::string& requested,
-                                                    const std::string& isa_cap) {
+kernels::MatmulPrecision effective_matmul_precision(const std::string& requested, const std::string& isa_cap,
+                                                    DType dtype) {
   const kernels::MatmulPrecision want = kernels::parse_matmul_precision(requested);
+  if (want == kernels::MatmulPrecision::medium && dtype == DType::f32) {
+    std::fprintf(stderr,
+                 "notice: --matmul-precision medium concerns BF16 weights; --dtype f32 widens them to "
+                 "f32 at load: running highest\n");
+    return kernels::MatmulPrecision::highest;
+  }
   const kernels::CpuFeatures features = kernels::detect_cpu_features();
   const kernels::Isa isa = isa_cap.empty() ? kernels::best_isa(features) : kernels::parse_isa(isa_cap);
   // The CPU must have the instruction: the reference level's emulation of it is for tests, not for runs.

@@ -101,8 +101,9 @@ int run_serve(const ServeOptions& o) {
   const int64_t max_seq_len = o.max_seq_len > 0 ? o.max_seq_len : config.max_position_embeddings;
   XMOE_CHECK(max_seq_len >= 2, "serve: the context length is ", max_seq_len,
              " (config max_position_embeddings); give --max-seq-len");
-  const kernels::MatmulPrecision precision = effective_matmul_precision(o.matmul_precision, o.isa);
-  bundle.load_weights(parse_dtype(o.dtype), o.isa, precision);  // Ctrl-C still ends the process here
+  const DType dtype = parse_dtype(o.dtype);
+  const kernels::MatmulPrecision precision = effective_matmul_precision(o.matmul_precision, o.isa, dtype);
+  bundle.load_weights(dtype, o.isa, precision);  // Ctrl-C still ends the process here
 
   // From now on SIGINT/SIGTERM are blocked in every thread and taken by sigwait below, so no work happens in
   // a signal handler: in this thread, in OpenMP's workers (made during the load), and in every thread started

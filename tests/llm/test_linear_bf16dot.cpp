@@ -284,7 +284,8 @@ TEST(LinearBf16Dot, TinyModelAtMediumMatchesTransformers) {
 }
 
 // `xmoe generate --matmul-precision`: the run's header says which precision ran; a level without bf16
-// products falls back to highest with a notice; a bad value is refused naming the option.
+// products, or --dtype f32 (which widens the weights), falls back to highest with a notice; a bad value is
+// refused naming the option.
 TEST(LinearBf16Dot, GenerateTakesTheFlag) {
   using xmoe::testing_cli::run_cli;
   const std::string base =
@@ -302,6 +303,10 @@ TEST(LinearBf16Dot, GenerateTakesTheFlag) {
         << capped.output;
     EXPECT_NE(capped.output.find("matmul precision highest"), std::string::npos) << capped.output;
   }
+  const auto widened = run_cli(base + " --matmul-precision medium --dtype f32");
+  EXPECT_EQ(widened.code, 0) << widened.output;
+  EXPECT_NE(widened.output.find("--dtype f32 widens them"), std::string::npos) << widened.output;
+  EXPECT_NE(widened.output.find("matmul precision highest"), std::string::npos) << widened.output;
   const auto bad = run_cli(base + " --matmul-precision fast");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.output.find("--matmul-precision"), std::string::npos) << bad.output;
