@@ -15,6 +15,7 @@
 #include "kernels/register_fma_peak.hpp"
 #include "llm/engine.hpp"
 #include "llm/model_bundle.hpp"
+#include "matmul_precision_option.hpp"
 #include "prefill_flops.hpp"
 #include "process_memory.hpp"
 #include "serve/chat_request.hpp"
@@ -71,6 +72,7 @@ CLI::App* add_generate_subcommand(CLI::App& app, GenerateOptions& o) {
       ->capture_default_str();
   cmd->add_option("--isa", o.isa, "kernel level cap: reference | avx2 | avx512 | avx512_bf16 (default: best)")
       ->check(CLI::IsMember({"reference", "avx2", "avx512", "avx512_bf16", "amx"}));
+  add_matmul_precision_option(cmd, o.matmul_precision);
   cmd->add_option("--threads", o.threads, "OpenMP threads (0 = default)")->check(non_negative_integer());
   o.batch_opt = cmd->add_option("--batch", o.batch,
                                 "N concurrent sequences, sequence i from prompt i mod the number of prompts "
@@ -148,12 +150,29 @@ std::vector<std::string> read_prompt_lines(const std::string& path) {
   return lines;
 }
 
-// The register-only FMA peak of the kernel level the model runs (--isa caps it), on all OpenMP threads.
-double fma_peak(const std::string& isa_cap) {
+// The kernel level the model runs: the best this CPU has, capped by --isa.
+kernels::Isa model_isa(const kernels::CpuFeatures& features, const std::string& isa_cap) {
+  const kernels::Isa best = kernels::best_isa(features);
+  return isa_cap.empty() ? best : std::min(best, kernels::parse_isa(isa_cap));
+}
+
+// Whether the BF16 linears run VDPBF16PS (medium on a level that has it) rather than f32 FMAs.
+bool runs_bf16_dot(const std::string& isa_cap, kernels::MatmulPrecision precision) {
+  return precision == kernels::MatmulPrecision::medium &&
+         model_isa(kernels::detect_cpu_features(), isa_cap) >= kernels::Isa::avx512_bf16;
+}
+
+// The register-only peak of the arithmetic the model's linears run, on all OpenMP threads: VDPBF16PS chains
+// at medium, else f32 FMA chains of the kernel level.
+double compute_peak(const std::string& isa_cap, kernels::MatmulPrecision precision) {
   const kernels::CpuFeatures features = kernels::detect_cpu_features();
-  kernels::Isa isa = kernels::best_isa(features);
-  if (!isa_cap.empty()) isa = std::min(isa, kernels::parse_isa(isa_cap));
-  return kernels::register_fma_peak_gflops(isa, features, omp_get_max_threads());
+  if (runs_bf16_dot(isa_cap, precision))
+    return kernels::register_bf16_dot_peak_gflops(features, omp_get_max_threads());
+  return kernels::register_fma_peak_gflops(model_isa(features, isa_cap), features, omp_get_max_threads());
+}
+
+const char* peak_name(const std::string& isa_cap, kernels::MatmulPrecision precision) {
+  return runs_bf16_dot(isa_cap, precision) ? "VDPBF16PS" : "FMA";
 }
 
 // /proc/loadavg's first three fields ("?" where it cannot be read): the machine may be shared.
@@ -220,7 +239,9 @@ int run_generate(const GenerateOptions& o) {
   sampling.frequency_penalty = o.frequency_penalty;
   sampling.validate();
 
-  bundle.load_weights(parse_dtype(o.dtype), o.isa);
+  const DType dtype = parse_dtype(o.dtype);
+  const kernels::MatmulPrecision precision = effective_matmul_precision(o.matmul_precision, o.isa, dtype);
+  bundle.load_weights(dtype, o.isa, precision);
   const std::unique_ptr<llm::CausalLM>& model = bundle.model;
   // Opening the checkpoint and building the model (tokenizer and template reading included, both small).
   const double load_seconds =
@@ -310,7 +331,7 @@ int run_generate(const GenerateOptions& o) {
   // The machine is shared and its bandwidth drifts: the probe runs right before and right after the run, and
   // the higher of the two is the baseline (the conservative share).
   const double probe_before = o.measure_bandwidth ? kernels::measure_read_bandwidth_gbs() : 0.0;
-  const double fma_peak_before = o.measure_bandwidth ? fma_peak(o.isa) : 0.0;
+  const double peak_before = o.measure_bandwidth ? compute_peak(o.isa, precision) : 0.0;
   const auto start = std::chrono::steady_clock::now();
   engine.run_until_idle();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -343,9 +364,9 @@ int run_generate(const GenerateOptions& o) {
   const llm::EngineStats& st = engine.stats();
   int64_t generated = 0;
   for (const auto& r : results) generated += static_cast<int64_t>(r.token_ids.size());
-  std::fprintf(stderr, "model: %s (%s, %s, %d threads); ", o.model.c_str(),
+  std::fprintf(stderr, "model: %s (%s, %s, matmul precision %s, %d threads); ", o.model.c_str(),
                bundle.checkpoint.config().architecture.c_str(), dtype_name(model->dtype()),
-               omp_get_max_threads());
+               kernels::matmul_precision_name(precision), omp_get_max_threads());
   if (prompts.size() == 1) {
     std::fprintf(stderr, "prompt %zu tokens x %d sequences\n", prompts[0].size(), sequences);
   } else {
@@ -364,15 +385,17 @@ int run_generate(const GenerateOptions& o) {
   std::fprintf(stderr, "prefill: %lld tokens in %.3f s = %.2f tokens/s\n",
                static_cast<long long>(st.prefill_tokens), st.prefill_seconds,
                per_second(static_cast<double>(st.prefill_tokens), st.prefill_seconds));
+  double compute_peak_gflops = 0;  // with --measure-bandwidth
   if (o.measure_bandwidth) {
     // The peak is probed before and after the run; the higher is the baseline (the conservative share).
-    const double peak = std::max(fma_peak_before, fma_peak(o.isa));
+    compute_peak_gflops = std::max(peak_before, compute_peak(o.isa, precision));
+    const double peak = compute_peak_gflops;
     const double gflops = per_second(flops, st.prefill_seconds) / 1e9;
     std::fprintf(
         stderr,
-        "prefill compute: %.1f GFLOP in all, %.1f GFLOP/s = %.1f %% of the register-only FMA peak %.1f "
+        "prefill compute: %.1f GFLOP in all, %.1f GFLOP/s = %.1f %% of the register-only %s peak %.1f "
         "GFLOP/s (%d threads)%s\n",
-        flops / 1e9, gflops, 100.0 * gflops / peak, peak, omp_get_max_threads(),
+        flops / 1e9, gflops, 100.0 * gflops / peak, peak_name(o.isa, precision), peak, omp_get_max_threads(),
         st.preemptions > 0 ? " (preemptions recomputed tokens: not counted)" : "");
   }
   const double decode_rate = per_second(static_cast<double>(st.decode_tokens), st.decode_seconds);
@@ -417,6 +440,18 @@ int run_generate(const GenerateOptions& o) {
                    "per step); achieved %.1f %% of it",
                    sequences * peak * 1e9 / step_bytes, sequences, peak * 1e9 / step_bytes, step_bytes / 1e6,
                    100.0 * decode_rate / (sequences * peak * 1e9 / step_bytes));
+    // The compute ceiling: every step bound by its multiply-adds (a token's worth per sequence, from the
+    // config) at the register-only peak of the arithmetic the linears run; the lower ceiling binds.
+    const double step_flops = sequences * prefill_flops(checkpoint.config(), 1);
+    const double compute_roof = sequences * compute_peak_gflops * 1e9 / step_flops;
+    const double bandwidth_roof = sequences * peak * 1e9 / step_bytes;
+    if (step_bytes > 0)
+      std::fprintf(
+          stderr,
+          "\ndecode compute ceiling: %.2f tokens/s aggregate (%.2f GFLOP per step at the register-only "
+          "%s peak %.1f GFLOP/s); %s binds",
+          compute_roof, step_flops / 1e9, peak_name(o.isa, precision), compute_peak_gflops,
+          compute_roof < bandwidth_roof ? "compute" : "bandwidth");
   }
   std::fprintf(stderr, "\n");
   if (o.measure_bandwidth) {

@@ -30,6 +30,7 @@ struct GenerateOptions {
   bool ignore_eos = false;
   std::string dtype = "bf16";
   std::string isa;
+  std::string matmul_precision = "highest";
   int threads = 0;
   int batch = 1;
   int64_t kv_cache_mb = 1024;

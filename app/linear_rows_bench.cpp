@@ -61,6 +61,18 @@ void run_linear_rows_bench(const kernels::KernelTable& table, const kernels::Cpu
   };
   const Shape shapes[] = {
       {"expert gate+up", 1536, 2048}, {"expert down", 2048, 768}, {"attention q", 4096, 2048}};
+  // bf16 weights at both matmul precisions where the level has bf16 products (linear_precision.hpp); the
+  // medium rows are measured against the VDPBF16PS peak.
+  struct Variant {
+    WeightFormat format;
+    const kernels::KernelTable* table;
+    const char* label;
+  };
+  std::vector<Variant> variants{{WeightFormat::f32, &table, "f32"}, {WeightFormat::bf16, &table, "bf16"}};
+  const kernels::KernelTable& medium =
+      kernels::kernel_table(table.isa, features, kernels::MatmulPrecision::medium);
+  if (medium.precision == kernels::MatmulPrecision::medium && table.isa != kernels::Isa::reference)
+    variants.push_back({WeightFormat::bf16, &medium, "bf16m"});
   const double bandwidth = kernels::measure_read_bandwidth_gbs();
   std::printf("read-bandwidth probe: %.2f GB/s\n", bandwidth);
   std::printf("\n%-15s %-10s %-5s %5s %11s %9s %9s %9s\n", "shape", "N x K", "fmt", "rows", "GFLOP/s",
@@ -70,12 +82,15 @@ void run_linear_rows_bench(const kernels::KernelTable& table, const kernels::Cpu
   for (const Shape& s : shapes) {
     std::vector<float> w(static_cast<size_t>(s.n * s.k));
     for (float& v : w) v = normal(rng);
-    for (const WeightFormat format : {WeightFormat::f32, WeightFormat::bf16}) {
+    for (const Variant& variant : variants) {
+      const WeightFormat format = variant.format;
+      const bool bf16_dot = variant.table->precision == kernels::MatmulPrecision::medium;
       const size_t one = static_cast<size_t>(s.n * s.k) * (format == WeightFormat::f32 ? 4 : 2);
       // 96 MiB of copies: each call reads its weight from DRAM, as a model's experts are read.
       const WeightCopies set =
           make_copies(format, w, s.n, s.k, std::max<size_t>(2, (size_t{96} << 20) / one));
-      const double peak = kernels::register_fma_peak_gflops(table.isa, features, threads);
+      const double peak = bf16_dot ? kernels::register_bf16_dot_peak_gflops(features, threads)
+                                   : kernels::register_fma_peak_gflops(table.isa, features, threads);
       for (const int64_t m : rows) {
         std::vector<float> x(static_cast<size_t>(m * s.k)), y(static_cast<size_t>(m * s.n));
         for (float& v : x) v = normal(rng);
@@ -87,7 +102,7 @@ void run_linear_rows_bench(const kernels::KernelTable& table, const kernels::Cpu
           const auto t0 = std::chrono::steady_clock::now();
           double t = 0;
           do {
-            kernels::linear_forward(table, set.views[next], x.data(), m, y.data());
+            kernels::linear_forward(*variant.table, set.views[next], x.data(), m, y.data());
             next = (next + 1) % set.views.size();
             ++calls;
             t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -99,12 +114,11 @@ void run_linear_rows_bench(const kernels::KernelTable& table, const kernels::Cpu
         const double gbs = static_cast<double>(one) / t / 1e9;
         char nk[32];
         std::snprintf(nk, sizeof(nk), "%lldx%lld", static_cast<long long>(s.n), static_cast<long long>(s.k));
-        std::printf("%-15s %-10s %-5s %5lld %11.1f %8.0f%% %9.2f %8.0f%%\n", s.what, nk,
-                    kernels::weight_format_name(format), static_cast<long long>(m), gflops,
-                    100 * gflops / peak, gbs, 100 * gbs / bandwidth);
+        std::printf("%-15s %-10s %-5s %5lld %11.1f %8.0f%% %9.2f %8.0f%%\n", s.what, nk, variant.label,
+                    static_cast<long long>(m), gflops, 100 * gflops / peak, gbs, 100 * gbs / bandwidth);
       }
-      std::printf("%-15s register-only FMA peak (%s, %d threads): %.1f GFLOP/s\n", "",
-                  kernels::isa_name(table.isa), threads, peak);
+      std::printf("%-15s register-only %s peak (%s, %d threads): %.1f GFLOP/s\n", "",
+                  bf16_dot ? "VDPBF16PS" : "FMA", kernels::isa_name(table.isa), threads, peak);
       std::fflush(stdout);
     }
   }

@@ -16,6 +16,7 @@
 
 #include "cli_checks.hpp"
 #include "llm/model_bundle.hpp"
+#include "matmul_precision_option.hpp"
 #include "serve/http_server.hpp"
 #include "serve/json_constraint.hpp"
 #include "serve/routes.hpp"
@@ -62,6 +63,7 @@ CLI::App* add_serve_subcommand(CLI::App& app, ServeOptions& o) {
       ->capture_default_str();
   cmd->add_option("--isa", o.isa, "kernel level cap: reference | avx2 | avx512 | avx512_bf16 (default: best)")
       ->check(CLI::IsMember({"reference", "avx2", "avx512", "avx512_bf16", "amx"}));
+  add_matmul_precision_option(cmd, o.matmul_precision);
   cmd->add_option("--max-body-mb", o.max_body_mb, "largest request body in MiB (413 beyond)")
       ->check(positive)
       ->capture_default_str();
@@ -99,7 +101,9 @@ int run_serve(const ServeOptions& o) {
   const int64_t max_seq_len = o.max_seq_len > 0 ? o.max_seq_len : config.max_position_embeddings;
   XMOE_CHECK(max_seq_len >= 2, "serve: the context length is ", max_seq_len,
              " (config max_position_embeddings); give --max-seq-len");
-  bundle.load_weights(parse_dtype(o.dtype), o.isa);  // Ctrl-C still ends the process here
+  const DType dtype = parse_dtype(o.dtype);
+  const kernels::MatmulPrecision precision = effective_matmul_precision(o.matmul_precision, o.isa, dtype);
+  bundle.load_weights(dtype, o.isa, precision);  // Ctrl-C still ends the process here
 
   // From now on SIGINT/SIGTERM are blocked in every thread and taken by sigwait below, so no work happens in
   // a signal handler: in this thread, in OpenMP's workers (made during the load), and in every thread started
@@ -149,10 +153,12 @@ int run_serve(const ServeOptions& o) {
                                metrics, [&service] { return service.gauges(); }, page),
                            serve::api_error_for_path, service, &metrics);
   const int port = server.bind();
-  std::printf("xmoe serve: %s (%s, %s) as \"%s\", context %lld tokens, batch %d, queue %d%s\n",
-              o.model.c_str(), config.architecture.c_str(), dtype_name(bundle.model->dtype()),
-              info.served_name.c_str(), static_cast<long long>(max_seq_len), o.max_batch, o.max_queue,
-              api_key.empty() ? "" : ", API key required");
+  std::printf(
+      "xmoe serve: %s (%s, %s, matmul precision %s) as \"%s\", context %lld tokens, batch %d, queue %d%s\n",
+      o.model.c_str(), config.architecture.c_str(), dtype_name(bundle.model->dtype()),
+      kernels::matmul_precision_name(precision), info.served_name.c_str(),
+      static_cast<long long>(max_seq_len), o.max_batch, o.max_queue,
+      api_key.empty() ? "" : ", API key required");
   std::printf("xmoe serve: listening on http://%s:%d\n", o.host.c_str(), port);
   std::fflush(stdout);
 

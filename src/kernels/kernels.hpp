@@ -5,6 +5,7 @@
 
 #include "kernels/attention.hpp"
 #include "kernels/cpu_features.hpp"
+#include "kernels/linear_precision.hpp"
 #include "kernels/packed_weight.hpp"
 #include "xmoe/dtype.hpp"
 
@@ -34,6 +35,8 @@ enum class Activation { identity, relu, gelu, silu };  // gelu is the exact erf 
 
 struct KernelTable {
   Isa isa = Isa::reference;
+  // What linear[bf16] computes in (linear_precision.hpp); every other entry is the same under either.
+  MatmulPrecision precision = MatmulPrecision::highest;
   void (*gemm_f32)(const GemmArgs<float, float>&) = nullptr;
   void (*gemm_bf16)(const GemmArgs<bf16, float>&) = nullptr;  // bf16 inputs, f32 accumulation and output
   void (*gemm_f64)(const GemmArgs<double, double>&) = nullptr;
@@ -82,6 +85,10 @@ struct KernelTable {
 
 // The table for one level (throws xmoe::Error if this CPU/OS cannot run it).
 const KernelTable& kernel_table(Isa isa, const CpuFeatures& features);
+// The table for one level with BF16 linears at `precision`. Levels without bf16 products (avx2, avx512) give
+// their highest-precision table, whose `precision` field says so (callers print a notice); the reference
+// level emulates medium exactly.
+const KernelTable& kernel_table(Isa isa, const CpuFeatures& features, MatmulPrecision precision);
 // The best table this CPU and OS support.
 const KernelTable& best_kernel_table(const CpuFeatures& features);
 const KernelTable& reference_kernel_table();

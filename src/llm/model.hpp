@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/linear_precision.hpp"
 #include "llm/checkpoint.hpp"
 #include "llm/kv_cache.hpp"
 #include "llm/model_config.hpp"
@@ -17,6 +18,9 @@ struct LoadOptions {
   DType dtype = DType::bf16;  // weights and activations: bf16 (f32 accumulation) or f32
   std::string isa;            // kernel level cap, as MoeConfig::isa; empty = best this CPU runs
   ProgressFn progress;        // bytes of weights loaded so far
+  // Arithmetic of the linears over BF16 weights (kernels/linear_precision.hpp); medium falls back to highest
+  // on a kernel level without bf16 products (the table's `precision` says which ran).
+  kernels::MatmulPrecision matmul_precision = kernels::MatmulPrecision::highest;
 };
 
 // One sequence's part of a step: new tokens appended at positions [cache length, cache length + n).

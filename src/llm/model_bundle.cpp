@@ -30,10 +30,11 @@ ModelBundle ModelBundle::open(const std::string& dir) {
   return b;
 }
 
-void ModelBundle::load_weights(DType dtype, const std::string& isa) {
+void ModelBundle::load_weights(DType dtype, const std::string& isa, kernels::MatmulPrecision precision) {
   LoadOptions load;
   load.dtype = dtype;
   load.isa = isa;
+  load.matmul_precision = precision;
   ProgressBar bar("loading " + dir);
   load.progress = bar.callback();
   model = load_model(checkpoint, load);

@@ -24,7 +24,8 @@ struct ModelBundle {
   // missing or malformed file.
   static ModelBundle open(const std::string& dir);
   // Loads the weights with a progress bar on stderr ("loading DIR").
-  void load_weights(DType dtype, const std::string& isa);
+  void load_weights(DType dtype, const std::string& isa,
+                    kernels::MatmulPrecision precision = kernels::MatmulPrecision::highest);
   // The tokenizer, or an error saying what needs it.
   const Tokenizer& require_tokenizer(const std::string& purpose) const;
 };

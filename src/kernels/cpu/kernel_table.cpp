@@ -72,6 +72,13 @@ KernelTable make_avx512_bf16() {
   return t;
 }
 
+// The same table with BF16 linears at the medium precision.
+KernelTable with_medium_bf16(KernelTable t, LinearFn linear_bf16_medium) {
+  t.precision = MatmulPrecision::medium;
+  t.linear[size_t(WeightFormat::bf16)] = linear_bf16_medium;
+  return t;
+}
+
 #undef XMOE_FILL_ELEMENTWISE
 #undef XMOE_FILL_QUANT_LINEARS
 
@@ -100,6 +107,26 @@ const KernelTable& kernel_table(Isa isa, const CpuFeatures& features) {
       return avx512_bf16_table;  // no AMX kernels yet: the best below it serves
   }
   return reference_kernel_table();
+}
+
+const KernelTable& kernel_table(Isa isa, const CpuFeatures& features, MatmulPrecision precision) {
+  const KernelTable& highest = kernel_table(isa, features);
+  if (precision == MatmulPrecision::highest) return highest;
+  static const KernelTable reference_medium =
+      with_medium_bf16(reference_kernel_table(), reference::linear_bf16_medium);
+  static const KernelTable avx512_bf16_medium =
+      with_medium_bf16(make_avx512_bf16(), avx512_bf16::linear_bf16_medium);
+  switch (highest.isa) {
+    case Isa::reference:
+      return reference_medium;
+    case Isa::avx512_bf16:
+    case Isa::amx:
+      return avx512_bf16_medium;
+    case Isa::avx2:
+    case Isa::avx512:
+      break;
+  }
+  return highest;
 }
 
 const KernelTable& best_kernel_table(const CpuFeatures& features) {

@@ -39,6 +39,7 @@ XMOE_DECLARE_GEMMS
 void gemm_f64(const GemmArgs<double, double>& args);
 XMOE_DECLARE_ELEMENTWISE
 XMOE_DECLARE_LINEAR_FLOAT
+void linear_bf16_medium(const LinearArgs& args);  // linear_bf16dot.hpp's arithmetic, emulated
 }  // namespace reference
 namespace avx2 {
 XMOE_DECLARE_GEMMS
@@ -52,5 +53,6 @@ XMOE_DECLARE_LINEAR_FLOAT
 }  // namespace avx512
 namespace avx512_bf16 {
 void gemm_bf16(const GemmArgs<bf16, float>& args);  // VDPBF16PS microkernel
+void linear_bf16_medium(const LinearArgs& args);    // the `medium` precision's BF16 linear (VDPBF16PS)
 }  // namespace avx512_bf16
 }  // namespace xmoe::kernels

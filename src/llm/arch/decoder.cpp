@@ -19,8 +19,9 @@ using moe::parallel_rows;
 
 const kernels::KernelTable& kernel_table_for(const LoadOptions& options) {
   const kernels::CpuFeatures features = kernels::detect_cpu_features();
-  return options.isa.empty() ? kernels::best_kernel_table(features)
-                             : kernels::kernel_table(kernels::parse_isa(options.isa), features);
+  const kernels::Isa isa =
+      options.isa.empty() ? kernels::best_isa(features) : kernels::parse_isa(options.isa);
+  return kernels::kernel_table(isa, features, options.matmul_precision);
 }
 
 }  // namespace

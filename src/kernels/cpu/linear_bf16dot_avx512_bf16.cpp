@@ -1,0 +1,168 @@
+// The `medium` matmul precision for BF16 weights on AVX512-BF16: VDPBF16PS multiplies the bf16 weights, read
+// in place from the checkpoint, with activations rounded to bf16 once per call, two products per f32 lane
+// at twice the f32 FMA rate. Every output is one 16-lane VDPBF16PS chain over steps of 32 k followed by
+// linear_lanes.hpp's fixed reduction (linear_bf16dot.hpp), for every m: decode and prefill, any column block
+// and thread, give the scalar reference's bits.
+//
+// Layout follows the f32 kernels' batched path (linear_avx512.cpp): x rows are converted into tiles of at
+// most kTileRows rows laid out step by step ([step][row][32 bf16]), so a tile's x loads are one contiguous
+// stream; weight rows stream in groups of kGroupCols, each group against every tile of a chunk of x rows
+// while its rows are in L1/L2, with the next group prefetched into L2 meanwhile.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+
+#include "kernels/cpu/linear_bf16dot.hpp"
+#include "kernels/cpu/variants.hpp"
+#include "xmoe/error.hpp"
+
+namespace xmoe::kernels::avx512_bf16 {
+namespace {
+
+constexpr int kTileRows = 4;
+constexpr int kGroupCols = 6;       // 4 × 6 accumulators + 6 weights + 1 x of the 32 registers
+constexpr int64_t kChunkRows = 96;  // x rows per pass over the weights: their bf16 copy stays in L2
+
+inline __mmask32 step_mask(int64_t k, int64_t p) {
+  return k - p >= 32 ? __mmask32(0xffffffffu) : __mmask32((1u << (k - p)) - 1);
+}
+
+// reduce_lanes (linear_lanes.hpp) in registers: halves (l + 8), quarters (l + 4), pairs (l + 2), neighbours.
+inline float reduce16(__m512 v) {
+  const __m256 s8 =
+      _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, v, 0), _mm512_maskz_extractf32x8_ps(0xff, v, 1));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+
+// 16 f32 → bf16 bits exactly as bf16::from_float (nearest even; NaN made quiet), integer arithmetic only.
+// maskz forms: the unmasked intrinsics start from an undefined register, which GCC 12 warns about.
+inline __m256i round_to_bf16(__m512i u) {
+  const __m512i high = _mm512_maskz_srli_epi32(0xffff, u, 16);
+  const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+  __m512i r = _mm512_maskz_srli_epi32(
+      0xffff, _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  r = _mm512_mask_or_epi32(r, nan, high, _mm512_set1_epi32(0x40));
+  return _mm512_maskz_cvtepi32_epi16(0xffff, r);
+}
+
+inline int64_t tile_count(int64_t m) {
+  return (m + kTileRows - 1) / kTileRows;
+}
+// Tiles of nearly equal heights (6 rows as 3 + 3, not 4 + 2): tile t covers [tile_start(t), tile_start(t+1)).
+inline int64_t tile_start(int64_t m, int64_t t) {
+  return m * t / tile_count(m);
+}
+
+// x rows [0, m) rounded to bf16 into tile layout: tile t's h rows as [step][row][32] from i0 · steps · 32,
+// zeros past k.
+void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, uint16_t* out) {
+  const int64_t steps = (k + 31) / 32;
+  for (int64_t t = 0; t < tile_count(m); ++t) {
+    const int64_t i0 = tile_start(m, t), h = tile_start(m, t + 1) - i0;
+    uint16_t* tile = out + i0 * steps * 32;
+    for (int64_t i = 0; i < h; ++i) {
+      const float* row = x + (i0 + i) * ldx;
+      for (int64_t s = 0; s < steps; ++s) {
+        const int64_t p = s * 32;
+        uint16_t* out_step = tile + (s * h + i) * 32;
+        for (int half = 0; half < 2; ++half) {
+          const int64_t rem = std::clamp<int64_t>(k - p - 16 * half, 0, 16);
+          const __mmask16 mask = rem == 16 ? __mmask16(0xffff) : __mmask16((1u << rem) - 1);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(out_step + 16 * half),
+                             round_to_bf16(_mm512_maskz_loadu_epi32(mask, row + p + 16 * half)));
+        }
+      }
+    }
+  }
+}
+
+// y[i, j] for the MR rows of one packed x tile and NR weight rows read in place; prefetches `next_bytes` of
+// `next` into L2, spread over the steps.
+template <int MR, int NR>
+void tile(const uint16_t* xt, const bf16* w, int64_t ldw, int64_t k, float* y, int64_t ldy, const char* next,
+          int64_t next_bytes) {
+  __m512 acc[MR][NR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  constexpr int64_t kStepBytes = NR * 64;
+  const int64_t steps = (k + 31) / 32;
+  for (int64_t s = 0; s < steps; ++s) {
+    const int64_t p = s * 32;
+    const __mmask32 mask = step_mask(k, p);
+    if (next_bytes > 0) {
+      const int64_t at = s * kStepBytes;
+      for (int64_t b = at; b < std::min(at + kStepBytes, next_bytes); b += 64)
+        _mm_prefetch(next + b, _MM_HINT_T1);
+    }
+    __m512bh wv[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + j * ldw + p);
+    const uint16_t* px = xt + s * MR * 32;
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh xv = (__m512bh)_mm512_load_si512(px + i * 32);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+    }
+  }
+  // Unrolled like the loops above, so the accumulators stay registers.
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
+}
+
+// Weight rows [j, j + NR) over every packed x tile; the first tile prefetches the next group.
+template <int NR>
+void group(const uint16_t* xp, int64_t m, int64_t steps, const bf16* w, int64_t ldw, int64_t k, float* y,
+           int64_t ldy, const char* next, int64_t next_bytes) {
+  using TileFn =
+      void (*)(const uint16_t*, const bf16*, int64_t, int64_t, float*, int64_t, const char*, int64_t);
+  constexpr TileFn kTiles[kTileRows + 1] = {nullptr, tile<1, NR>, tile<2, NR>, tile<3, NR>, tile<4, NR>};
+  for (int64_t t = 0; t < tile_count(m); ++t) {
+    const int64_t i0 = tile_start(m, t);
+    kTiles[tile_start(m, t + 1) - i0](xp + i0 * steps * 32, w, ldw, k, y + i0 * ldy, ldy,
+                                      t == 0 ? next : nullptr, t == 0 ? next_bytes : 0);
+  }
+}
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+}  // namespace
+
+void linear_bf16_medium(const LinearArgs& a) {
+  const bf16* w = reinterpret_cast<const bf16*>(a.w->data);
+  const int64_t k = a.w->cols, ldw = a.w->row_bytes / 2, steps = (k + 31) / 32;
+  const int64_t n0 = a.n0, n1 = a.n1;
+  const int64_t chunk = std::min(a.m, kChunkRows);
+  std::unique_ptr<uint16_t[], FreeDeleter> xp(
+      static_cast<uint16_t*>(std::aligned_alloc(64, static_cast<size_t>(chunk * steps * 64))));
+  XMOE_CHECK(xp != nullptr, "linear: out of memory for ", chunk, " bf16 rows of ", k);
+  const auto row_ptr = [&](int64_t j) { return reinterpret_cast<const char*>(w + j * ldw); };
+  const auto bytes_of_rows = [&](int64_t r0, int64_t r1) { return (r1 - r0) * ldw * 2; };
+  for (int64_t c0 = 0; c0 < a.m; c0 += kChunkRows) {
+    const int64_t rows = std::min(kChunkRows, a.m - c0);
+    pack_x(a.x + c0 * a.ldx, a.ldx, rows, k, xp.get());
+    float* y = a.y + c0 * a.ldy;
+    for (int64_t b = 0; b < bytes_of_rows(n0, std::min(n1, n0 + kGroupCols)); b += 64)
+      _mm_prefetch(row_ptr(n0) + b, _MM_HINT_T1);
+    int64_t j = n0;
+    for (; j + kGroupCols <= n1; j += kGroupCols)
+      group<kGroupCols>(xp.get(), rows, steps, w + j * ldw, ldw, k, y + j, a.ldy, row_ptr(j + kGroupCols),
+                        bytes_of_rows(j + kGroupCols, std::min(n1, j + 2 * kGroupCols)));
+    for (; j < n1; ++j) group<1>(xp.get(), rows, steps, w + j * ldw, ldw, k, y + j, a.ldy, nullptr, 0);
+  }
+}
+
+}  // namespace xmoe::kernels::avx512_bf16
