@@ -124,7 +124,9 @@ if [ "$mode" = minimize ]; then
   find "$work" "$committed" -maxdepth 1 -type f -size "$keep" -regextype egrep -regex '.*/[0-9a-f]{40}' \
     -exec cp {} "$small/" \;
   # Edge coverage only (-use_counters=0): hit counts would keep hundreds of near-duplicates per target.
-  "$binary" -merge=1 -use_counters=0 -use_value_profile=0 "${limits[@]}" "$merged" "$small" 2>&1 | grep -E "MERGE-OUTER: [0-9]+ new files" || true
+  # Artifacts (an input over the time limit while merging) go with the campaign's, not into the working directory.
+  "$binary" -merge=1 -use_counters=0 -use_value_profile=0 "${limits[@]}" \
+    -artifact_prefix="build-fuzz/artifacts/$target/" "$merged" "$small" 2>&1 | grep -E "MERGE-OUTER: [0-9]+ new files" || true
   # Inputs that found a bug (crash-*, timeout-*, named ones) stay whatever their coverage.
   find "$committed" -maxdepth 1 -type f -regextype egrep -regex '.*/[0-9a-f]{40}' -delete
   cp "$merged"/* "$committed/"
