@@ -16,6 +16,10 @@
 #                                   start-up, at half time and at the end, and the time of the last new edge
 #   tools/fuzz.sh --list            prints the targets
 #
+# Environment: FUZZ_BIN_DIR=DIR runs the binaries already in DIR (no build: a campaign can start while
+# build-fuzz/ is rebuilding, or run a saved binary); FUZZ_LOG_DIR=DIR keeps the logs there instead of
+# build-fuzz/logs (--summary reads them from the same place).
+#
 # Limits: a hang is an input taking over 1 s; the process may not use over 2 GB RSS, and no single allocation
 # may exceed 256 MB: a header that claims gigabytes must be refused, not allocated.
 set -euo pipefail
@@ -42,7 +46,7 @@ grep -qx "$target" <<<"$targets" || usage  # not echo | grep -q: under pipefail,
 
 if [ "$mode" = summary ]; then
   # The coverage has plateaued when the edge count at half time is the final one.
-  log=build-fuzz/logs/$target.log
+  log=${FUZZ_LOG_DIR:-build-fuzz/logs}/$target.log
   [ -f "$log" ] || { echo "$0: no campaign log $log" >&2; exit 1; }
   awk -v target="$target" '
     { t = $1 }
@@ -88,11 +92,15 @@ if [ ! -f build-fuzz/CMakeCache.txt ]; then
   cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++-14 -DXMOE_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "${launcher[@]}" >/dev/null
 fi
-cmake --build build-fuzz -j"$(nproc)" --target "fuzz_$target" >/dev/null
-binary=build-fuzz/tests/fuzz/fuzz_$target
+if [ -n "${FUZZ_BIN_DIR:-}" ]; then
+  binary=$FUZZ_BIN_DIR/fuzz_$target
+else
+  cmake --build build-fuzz -j"$(nproc)" --target "fuzz_$target" >/dev/null
+  binary=build-fuzz/tests/fuzz/fuzz_$target
+fi
 committed=tests/fuzz/corpus/$target
 work=build-fuzz/corpus/$target
-seeds=build-fuzz/seeds
+seeds=build-fuzz/seeds-$target  # one per campaign: two campaigns may run at once
 mkdir -p "$work" "$committed" "build-fuzz/artifacts/$target"
 export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
@@ -116,7 +124,9 @@ if [ "$mode" = minimize ]; then
   find "$work" "$committed" -maxdepth 1 -type f -size "$keep" -regextype egrep -regex '.*/[0-9a-f]{40}' \
     -exec cp {} "$small/" \;
   # Edge coverage only (-use_counters=0): hit counts would keep hundreds of near-duplicates per target.
-  "$binary" -merge=1 -use_counters=0 -use_value_profile=0 "${limits[@]}" "$merged" "$small" 2>&1 | grep -E "MERGE-OUTER: [0-9]+ new files" || true
+  # Artifacts (an input over the time limit while merging) go with the campaign's, not into the working directory.
+  "$binary" -merge=1 -use_counters=0 -use_value_profile=0 "${limits[@]}" \
+    -artifact_prefix="build-fuzz/artifacts/$target/" "$merged" "$small" 2>&1 | grep -E "MERGE-OUTER: [0-9]+ new files" || true
   # Inputs that found a bug (crash-*, timeout-*, named ones) stay whatever their coverage.
   find "$committed" -maxdepth 1 -type f -regextype egrep -regex '.*/[0-9a-f]{40}' -delete
   cp "$merged"/* "$committed/"
@@ -129,8 +139,9 @@ seconds=$2
 shift 2  # the rest goes to libFuzzer, e.g. -runs=1000000 to stop after a million executions
 rm -rf "$seeds"
 python3 tools/make_fuzz_seeds.py "$seeds"
-mkdir -p build-fuzz/logs
-log=build-fuzz/logs/$target.log
+logs=${FUZZ_LOG_DIR:-build-fuzz/logs}
+mkdir -p "$logs"
+log=$logs/$target.log
 # Every line prefixed with the seconds since the start: libFuzzer's "#N NEW cov: E" lines then give the edge
 # count over time, and whether it still grew in the second half of the campaign.
 set +e

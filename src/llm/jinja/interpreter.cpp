@@ -1,5 +1,9 @@
 #include "interpreter.hpp"
 
+#include <algorithm>
+#include <iterator>
+#include <string_view>
+
 #include "builtins.hpp"
 #include "operators.hpp"
 #include "xmoe/error.hpp"
@@ -22,10 +26,19 @@ enum class Flow { Normal, Break, Continue };
 
 // Deep recursion (a macro calling itself forever) must end in an error, not a stack overflow.
 constexpr int kMaxCallDepth = 200;
-// A template comes with a downloaded checkpoint, so one render must end: statements, loop iterations and
-// expression evaluations share this budget, far above what chat templates use on long conversations (~1e4
-// to 1e5), and the rendered text is capped like any string value (kMaxStringBytes).
+// A template comes with a downloaded checkpoint, so one render must end, and soon (about a second at worst
+// under AddressSanitizer): statements, loop iterations and expression evaluations share this budget, far
+// above what chat templates use on long conversations (~1e4 to 1e5). Work on data counts by its size, so the
+// bound is on work done, however cheap an operation looks: scanning, copying or building kWeightPerOperation
+// bytes of a value (Value::weight) is one more operation, and a for loop pays for the items it materialises
+// before it makes them. The rendered text is capped like any string value (kMaxStringBytes).
 constexpr int64_t kMaxOperations = 1'000'000;
+constexpr uint64_t kWeightPerOperation = 64;
+// Filters whose work does not grow with what the value holds (a list's items are copied, not walked), so they
+// are charged the value's own size, not its nested contents: `messages|length` in a loop over the messages
+// must not make a long conversation quadratic.
+constexpr std::string_view kShallowFilters[] = {"length", "count", "first", "last", "default",
+                                                "d",      "safe",  "list",  "items"};
 
 class Interpreter {
  public:
@@ -73,13 +86,21 @@ class Interpreter {
     return Flow::Normal;
   }
 
-  void tick() {
-    if (++operations_ > kMaxOperations)
+  void tick() { count_operations(1); }
+
+  // Work on `weight` bytes of values (see kWeightPerOperation).
+  void charge(uint64_t weight) { count_operations(weight / kWeightPerOperation); }
+
+  void count_operations(uint64_t n) {
+    if (n > static_cast<uint64_t>(kMaxOperations - operations_))
       fail("ResourceError", "the template ran over " + std::to_string(kMaxOperations) +
-                                " operations (statements, loop iterations, expressions) in one render");
+                                " operations (statements, loop iterations, expressions, work on data) in one "
+                                "render");
+    operations_ += static_cast<int64_t>(n);
   }
 
-  static void append(std::string& out, const std::string& text) {
+  void append(std::string& out, const std::string& text) {
+    charge(text.size());
     if (out.size() + text.size() > kMaxStringBytes)
       fail("MemoryError", "the rendered text would exceed " + std::to_string(kMaxStringBytes) + " bytes");
     out += text;
@@ -91,9 +112,13 @@ class Interpreter {
       case Stmt::Type::Text:
         append(out, s.text);
         return Flow::Normal;
-      case Stmt::Type::Print:
-        append(out, to_str(eval(*s.expr, frame)));
+      case Stmt::Type::Print: {
+        const Value value = eval(*s.expr, frame);
+        // Before printing: a list's text is as long as all it holds (a string is charged as it is appended).
+        if (!value.is_string()) charge(value.weight);
+        append(out, to_str(value));
         return Flow::Normal;
+      }
       case Stmt::Type::If:
         for (size_t i = 0; i < s.conditions.size(); ++i)
           if (truthy(eval(*s.conditions[i], frame))) return exec_body(s.bodies[i], frame, out);
@@ -141,6 +166,9 @@ class Interpreter {
 
   Flow exec_for(const Stmt& s, const FramePtr& frame, std::string& out) {
     const Value iterable = eval(*s.expr, frame);
+    // Paid before the items are made, as a loop that breaks at once has still made them all: a list's items
+    // are copied; a string's characters (at most its bytes) are each a new string, an operation apiece.
+    charge(iterable.is_string() ? iterable.s().size() * kWeightPerOperation : shallow_weight(iterable));
     List items = iterate(iterable);
     auto bind = [&](const FramePtr& f, const Value& item) {
       if (s.targets.size() == 1) {
@@ -168,29 +196,37 @@ class Interpreter {
     }
     if (items.empty()) return exec_body(s.else_body, frame, out);
     const auto n = static_cast<int64_t>(items.size());
+    // Made once per loop, not per iteration (allocations are most of an iteration's cost). loop.cycle reads
+    // the current index like jinja2's LoopContext.cycle, so one function serves every iteration.
+    const Value no_previous = Value::undefined("there is no previous item");
+    const Value no_next = Value::undefined("there is no next item");
+    const auto index = std::make_shared<int64_t>(0);
+    const Value cycle = Value::from_callable("cycle", [index](CallArgs& a) {
+      if (a.positional.empty()) fail("TypeError", "no items for cycling given");
+      return a.positional[static_cast<size_t>(*index) % a.positional.size()];
+    });
     for (int64_t i = 0; i < n; ++i) {
       tick();
+      *index = i;
       auto f = std::make_shared<Frame>();
       f->parent = frame;
+      // The keys are distinct, so they are appended without Dict::set's search.
       Dict loop;
-      loop.set("index", Value::from_int(i + 1));
-      loop.set("index0", Value::from_int(i));
-      loop.set("revindex", Value::from_int(n - i));
-      loop.set("revindex0", Value::from_int(n - i - 1));
-      loop.set("first", Value::from_bool(i == 0));
-      loop.set("last", Value::from_bool(i == n - 1));
-      loop.set("length", Value::from_int(n));
-      loop.set("depth", Value::from_int(1));
-      loop.set("depth0", Value::from_int(0));
-      loop.set("previtem",
-               i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined("there is no previous item"));
-      loop.set("nextitem",
-               i + 1 < n ? items[static_cast<size_t>(i + 1)] : Value::undefined("there is no next item"));
-      loop.set("cycle", Value::from_callable("cycle", [i](CallArgs& a) {
-                 if (a.positional.empty()) fail("TypeError", "no items for cycling given");
-                 return a.positional[static_cast<size_t>(i) % a.positional.size()];
-               }));
-      f->vars.set("loop", Value::from_dict(std::move(loop)));
+      loop.items.reserve(12);
+      loop.items.emplace_back("index", Value::from_int(i + 1));
+      loop.items.emplace_back("index0", Value::from_int(i));
+      loop.items.emplace_back("revindex", Value::from_int(n - i));
+      loop.items.emplace_back("revindex0", Value::from_int(n - i - 1));
+      loop.items.emplace_back("first", Value::from_bool(i == 0));
+      loop.items.emplace_back("last", Value::from_bool(i == n - 1));
+      loop.items.emplace_back("length", Value::from_int(n));
+      loop.items.emplace_back("depth", Value::from_int(1));
+      loop.items.emplace_back("depth0", Value::from_int(0));
+      loop.items.emplace_back("previtem", i > 0 ? items[static_cast<size_t>(i - 1)] : no_previous);
+      loop.items.emplace_back("nextitem", i + 1 < n ? items[static_cast<size_t>(i + 1)] : no_next);
+      loop.items.emplace_back("cycle", cycle);
+      f->vars.items.reserve(1 + s.targets.size());
+      f->vars.items.emplace_back("loop", Value::from_dict(std::move(loop)));
       bind(f, items[static_cast<size_t>(i)]);
       if (exec_body(s.body, f, out) == Flow::Break) break;
     }
@@ -240,6 +276,23 @@ class Interpreter {
     });
   }
 
+  // A dict or namespace is searched key by key (Dict::find); a list or string is indexed directly.
+  void charge_lookup(const Value& target) {
+    if (target.kind == Kind::Dict || target.kind == Kind::Namespace) charge(shallow_weight(target));
+  }
+
+  // What a callee may walk: its arguments whole (macros, globals and methods alike).
+  void charge_arguments(const CallArgs& args) {
+    for (const Value& v : args.positional) charge(v.weight);
+    for (const auto& [k, v] : args.keyword) charge(v.weight);
+  }
+
+  // A value an operation made: building it cost its own size (its items, not what they share).
+  Value charged_result(Value v) {
+    charge(shallow_weight(v));
+    return v;
+  }
+
   CallArgs eval_args(const Expr& e, const FramePtr& frame, size_t first) {
     CallArgs args;
     for (size_t i = first; i < e.args.size(); ++i) args.positional.push_back(eval(*e.args[i], frame));
@@ -273,18 +326,26 @@ class Interpreter {
         if (const Value* v = frame->find(e.name)) return *v;
         return Value::undefined("'" + e.name + "' is undefined");
       }
-      case Expr::Type::Attr:
-        return get_attribute(eval(*e.args[0], frame), e.name);
+      case Expr::Type::Attr: {
+        const Value target = eval(*e.args[0], frame);
+        charge_lookup(target);
+        Value attribute = get_attribute(target, e.name);
+        // A bound method (str.split, list.index, dict.items, ...) walks the value it is bound to.
+        if (attribute.kind == Kind::Callable) charge(target.weight);
+        return attribute;
+      }
       case Expr::Type::Item: {
         const Value target = eval(*e.args[0], frame);
-        return get_item(target, eval(*e.args[1], frame));
+        const Value key = eval(*e.args[1], frame);
+        charge_lookup(target);
+        return get_item(target, key);
       }
       case Expr::Type::Slice: {
         const Value target = eval(*e.args[0], frame);
         std::optional<int64_t> parts[3];
         for (int i = 0; i < 3; ++i)
           if (e.args[i + 1]) parts[i] = slice_index(eval(*e.args[i + 1], frame));
-        return slice(target, parts[0], parts[1], parts[2]);
+        return charged_result(slice(target, parts[0], parts[1], parts[2]));
       }
       case Expr::Type::Call: {
         const Value callee = eval(*e.args[0], frame);
@@ -292,16 +353,26 @@ class Interpreter {
         if (callee.is_undefined()) callee.raise_undefined();
         if (callee.kind != Kind::Callable)
           fail("TypeError", "'" + type_name(callee) + "' object is not callable");
-        return callee.fn->call(args);
+        charge_arguments(args);
+        return charged_result(callee.fn->call(args));
       }
       case Expr::Type::Filter: {
         const Value target = eval(*e.args[0], frame);
         CallArgs args = eval_args(e, frame, 1);
-        return apply_filter(e.name, target, args);
+        const bool shallow = std::find(std::begin(kShallowFilters), std::end(kShallowFilters), e.name) !=
+                             std::end(kShallowFilters);
+        charge(shallow ? shallow_weight(target) : target.weight);
+        charge_arguments(args);
+        return charged_result(apply_filter(e.name, target, args));
       }
       case Expr::Type::Test: {
         const Value target = eval(*e.args[0], frame);
         CallArgs args = eval_args(e, frame, 1);
+        // Tests without arguments look at the kind of value only; the others (in, eq, lt, ...) compare.
+        if (!args.positional.empty() || !args.keyword.empty()) {
+          charge(target.weight);
+          charge_arguments(args);
+        }
         return Value::from_bool(apply_test(e.name, target, args) != e.negated);
       }
       case Expr::Type::Neg:
@@ -321,16 +392,26 @@ class Interpreter {
         // Python evaluates left to right (macros called in operands may have side effects).
         const Value left = eval(*e.args[0], frame);
         const Value right = eval(*e.args[1], frame);
+        // `~` prints both sides whole; the others copy at most the operands themselves (list + list).
+        if (e.name == "~") {
+          charge(left.weight);
+          charge(right.weight);
+        } else {
+          charge(shallow_weight(left));
+          charge(shallow_weight(right));
+        }
         const Expr& l = *e.args[0];
         if (e.name == "**" && l.type == Expr::Type::Literal && l.negated &&
             e.args[1]->type != Expr::Type::Literal)
           return negate(binary_op("**", negate(left, true), right), true);  // see fold_negative_literal
-        return binary_op(e.name, left, right);
+        return charged_result(binary_op(e.name, left, right));
       }
       case Expr::Type::Compare: {
         Value left = eval(*e.args[0], frame);
+        charge(left.weight);
         for (size_t i = 0; i < e.ops.size(); ++i) {
           Value right = eval(*e.args[i + 1], frame);
+          charge(right.weight);  // ==, in, < walk both sides whole
           if (!compare(e.ops[i], left, right)) return Value::from_bool(false);
           left = std::move(right);
         }

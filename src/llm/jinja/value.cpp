@@ -63,10 +63,24 @@ Value Value::from_string(std::string s) {
                             std::to_string(kMaxStringBytes));
   Value v;
   v.kind = Kind::String;
+  v.weight = s.size();
   v.str = std::make_shared<const std::string>(std::move(s));
   return v;
 }
 namespace {
+uint64_t saturating_add(uint64_t a, uint64_t b) {
+  return b > UINT64_MAX - a ? UINT64_MAX : a + b;
+}
+uint64_t weight_of(const List& items) {
+  uint64_t w = 0;
+  for (const Value& item : items) w = saturating_add(w, saturating_add(item.weight, kItemWeight));
+  return w;
+}
+uint64_t weight_of(const Dict& d) {
+  uint64_t w = 0;
+  for (const auto& [k, v] : d.items) w = saturating_add(w, saturating_add(v.weight, k.size() + kItemWeight));
+  return w;
+}
 uint32_t nesting_of(const List& items) {
   if (items.size() > kMaxListItems)
     fail("MemoryError", "a list of " + std::to_string(items.size()) + " items exceeds the limit of " +
@@ -90,6 +104,7 @@ Value Value::from_list(List items) {
   Value v;
   v.kind = Kind::List;
   v.depth = nesting_of(items);
+  v.weight = weight_of(items);
   v.list = std::make_shared<const List>(std::move(items));
   return v;
 }
@@ -102,6 +117,7 @@ Value Value::from_dict(Dict d) {
   Value v;
   v.kind = Kind::Dict;
   v.depth = nesting_of(d);
+  v.weight = weight_of(d);
   v.dict = std::make_shared<const Dict>(std::move(d));
   return v;
 }
@@ -109,6 +125,7 @@ Value Value::new_namespace(Dict attrs) {
   Value v;
   v.kind = Kind::Namespace;
   v.depth = nesting_of(attrs);
+  v.weight = weight_of(attrs);
   v.ns = std::make_shared<Dict>(std::move(attrs));
   return v;
 }
@@ -117,6 +134,21 @@ Value Value::from_callable(std::string name, std::function<Value(CallArgs&)> fn)
   v.kind = Kind::Callable;
   v.fn = std::make_shared<const Callable>(Callable{std::move(name), std::move(fn)});
   return v;
+}
+
+uint64_t shallow_weight(const Value& v) {
+  switch (v.kind) {
+    case Kind::String:
+      return v.str->size();
+    case Kind::List:
+      return v.list->size() * kItemWeight;
+    case Kind::Dict:
+      return v.dict->items.size() * kItemWeight;
+    case Kind::Namespace:
+      return v.ns->items.size() * kItemWeight;
+    default:
+      return 0;
+  }
 }
 
 void Value::raise_undefined() const {

@@ -26,6 +26,8 @@ constexpr uint32_t kMaxValueDepth = 400;
 // bound by doubling a string or list in a loop; chat prompts are far smaller.
 constexpr size_t kMaxStringBytes = size_t{64} << 20;
 constexpr size_t kMaxListItems = size_t{1} << 22;
+// What one list item or dict entry counts for in a value's weight, in bytes (a Value and its bookkeeping).
+constexpr uint64_t kItemWeight = 16;
 
 struct Value;
 using List = std::vector<Value>;
@@ -59,6 +61,9 @@ struct Value {
   std::shared_ptr<Dict> ns;  // Namespace attributes (the one mutable container templates may touch)
   std::shared_ptr<const Callable> fn;
   uint32_t depth = 0;  // nesting of lists / dicts / namespaces below this value
+  // Deep size in bytes: a string's bytes, plus kItemWeight per list item or dict entry, nested values
+  // included (saturating; a namespace counts its attributes when made). The interpreter charges scans by it.
+  uint64_t weight = 0;
   bool tuple = false;  // a List Python would hold as a tuple: prints as "(a, b)", never equals a list
   bool safe = false;   // Markup: only tracked so the `safe` filter is an identity
   bool undefined_unsafe = false;  // Undefined standing for a sandbox violation (SecurityError when used)
@@ -82,6 +87,10 @@ struct Value {
   // Raises the UndefinedError (or SecurityError) an operation on this Undefined causes in jinja2.
   [[noreturn]] void raise_undefined() const;
 };
+
+// The weight of the value itself without what it holds: a string's bytes, kItemWeight per item or entry of a
+// list, dict or namespace; what copying it (not its items) costs.
+uint64_t shallow_weight(const Value& v);
 
 // Python str(value): what {{ value }} prints (Undefined prints nothing).
 std::string to_str(const Value& v);
