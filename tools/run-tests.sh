@@ -26,7 +26,11 @@ XMOE_CLI="$PWD/build/xmoe" build/venv/bin/python -m pytest tests/serve -q -p no:
 debian_python=/usr/bin/python3
 [ -x "$debian_python" ] || debian_python=python3
 "$debian_python" -m venv --system-site-packages build/venv-torch
-CMAKE_GENERATOR="Unix Makefiles" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" build/venv-torch/bin/pip install -q --disable-pip-version-check .
+# The optimised tree's compiler (scikit-build-core would otherwise take Python's, another name for the same g++,
+# and miss the compiler cache).
+cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' build/CMakeCache.txt)
+CXX="$cxx" CMAKE_GENERATOR="Unix Makefiles" CMAKE_BUILD_PARALLEL_LEVEL="$jobs" \
+  build/venv-torch/bin/pip install -q --disable-pip-version-check .
 XMOE_CLI="$PWD/build/xmoe" build/venv-torch/bin/python -m pytest python/tests -q -p no:cacheprovider
 # Expert parallelism from Python: two ranks against the single-process layer, with the MPI tests' Open MPI
 # settings (tests/mpi/CMakeLists.txt: containers, more ranks than cores, a short collective timeout).
