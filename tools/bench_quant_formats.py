@@ -63,7 +63,9 @@ def run(xmoe, directory, threads, prompt_len, decode):
         vocab = json.load(f)["vocab_size"]
     ids = ",".join(str((100 + i * 37) % vocab) for i in range(prompt_len))
     cmd = [xmoe, "generate", "--model", directory, "--prompt-ids", ids, "--max-tokens", str(decode), "--ignore-eos",
-           "--temperature", "0", "--threads", str(threads), "--measure-bandwidth", "--no-stream"]
+           "--temperature", "0", "--threads", str(threads), "--measure-bandwidth", "--no-stream",
+           # pages the weights in first: without it prefill times first-touch page faults of the mapping
+           "--warmup"]
     # OpenMP's default spin-wait makes a loaded machine's barriers cost time slices (decode 100× slower seen on
     # a tiny model at load 14): passive waiting unless the caller chose otherwise.
     env = dict(os.environ)
