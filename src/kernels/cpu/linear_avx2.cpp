@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "kernels/cpu/linear_lanes.hpp"
+#include "kernels/cpu/linear_panels_avx2.hpp"
 #include "kernels/cpu/variants.hpp"
 #include "xmoe/error.hpp"
 
@@ -83,12 +84,11 @@ void rows_block(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k,
   for (; j < n1; ++j) tile<MR, 1>(x, ldx, w + j * ldw, ldw, k, y + j, ldy);
 }
 
-// Many rows (prefill, batches above kFewRowsMax): as the AVX-512 variant, kPanelRows weight rows are decoded
-// to f32 once into a panel (step s: the rows' 16 elements p = 16s..16s+15, zero past k) and every block of x
-// rows runs over it, instead of decoding each weight once per block of rows. Same lanes, same order, same
-// bits.
-constexpr int kPanelRows = 2;
-constexpr int kTileRows = 3;  // 3 × 2 outputs × 2 halves = 12 accumulators + 2 weights + 1 x of 16 registers
+// Many rows (prefill, batches above kFewRowsMax): panels::linear_panels (linear_panels_avx2.hpp, shared with
+// the quantized formats): kPanelRows weight rows are decoded to f32 once into a panel (step s: the rows' 16
+// elements p = 16s..16s+15, zero past k) and every block of x rows runs over it, instead of decoding each
+// weight once per block of rows. Same lanes, same order, same bits.
+using panels::kPanelRows;
 
 template <class W>
 void pack_panel(const W* w, int64_t ldw, int64_t k, int rows, float* panel) {
@@ -111,79 +111,12 @@ void pack_panel(const W* w, int64_t ldw, int64_t k, int rows, float* panel) {
   }
 }
 
-template <int MR, int NR>
-void panel_tile(const float* x, int64_t ldx, const float* panel, int64_t k, float* y, int64_t ldy) {
-  __m256 acc[2][MR][NR];
-#pragma GCC unroll 2
-  for (int h = 0; h < 2; ++h)
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-      for (int j = 0; j < NR; ++j) acc[h][i][j] = _mm256_setzero_ps();
-  const float* pw = panel;
-  for (int64_t p = 0; p < k; p += 16, pw += kPanelRows * 16) {
-    // Lanes past k load as zeros (their weights are zeros too).
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i left = _mm256_set1_epi32(static_cast<int>(std::min<int64_t>(16, k - p)));
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      const __m256i mask = _mm256_cmpgt_epi32(left, _mm256_add_epi32(lane, _mm256_set1_epi32(8 * h)));
-      __m256 wv[NR];
-#pragma GCC unroll 4
-      for (int j = 0; j < NR; ++j) wv[j] = _mm256_load_ps(pw + j * 16 + 8 * h);
-#pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) {
-        const __m256 xv = _mm256_maskload_ps(x + i * ldx + p + 8 * h, mask);
-#pragma GCC unroll 4
-        for (int j = 0; j < NR; ++j) acc[h][i][j] = _mm256_fmadd_ps(xv, wv[j], acc[h][i][j]);
-      }
-    }
-  }
-  alignas(32) float lanes[16];
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) {
-      _mm256_store_ps(lanes, acc[0][i][j]);
-      _mm256_store_ps(lanes + 8, acc[1][i][j]);
-      y[i * ldy + j] = reduce_lanes(lanes);
-    }
-}
-
-using PanelTileFn = void (*)(const float* x, int64_t ldx, const float* panel, int64_t k, float* y,
-                             int64_t ldy);
-// panel_tile<MR, NR> by MR (1..kTileRows).
-template <int NR>
-constexpr PanelTileFn kPanelTiles[kTileRows + 1] = {nullptr, panel_tile<1, NR>, panel_tile<2, NR>,
-                                                    panel_tile<3, NR>};
-
-// The m rows in tiles of at most kTileRows, of nearly equal heights.
-template <int NR>
-void panel_rows(const float* x, int64_t ldx, int64_t m, const float* panel, int64_t k, float* y,
-                int64_t ldy) {
-  const int64_t tiles = (m + kTileRows - 1) / kTileRows;
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t i0 = m * t / tiles, rows = m * (t + 1) / tiles - i0;
-    kPanelTiles<NR>[rows](x + i0 * ldx, ldx, panel, k, y + i0 * ldy, ldy);
-  }
-}
-
 template <class W>
 void linear_panels(const float* x, int64_t ldx, int64_t m, const W* w, int64_t ldw, int64_t k, int64_t n0,
                    int64_t n1, float* y, int64_t ldy) {
-  const size_t floats = static_cast<size_t>((k + 15) / 16 * kPanelRows * 16);
-  auto panel = std::unique_ptr<float[], decltype(&std::free)>(
-      static_cast<float*>(std::aligned_alloc(32, floats * sizeof(float))), &std::free);
-  XMOE_CHECK(panel != nullptr, "linear: out of memory for a ", kPanelRows, " x ", k, " weight panel");
-  for (int64_t j = n0; j < n1; j += kPanelRows) {
-    const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, n1 - j));
-    pack_panel(w + j * ldw, ldw, k, rows, panel.get());
-    if (rows == kPanelRows) {
-      panel_rows<kPanelRows>(x, ldx, m, panel.get(), k, y + j, ldy);
-    } else {
-      panel_rows<1>(x, ldx, m, panel.get(), k, y + j, ldy);
-    }
-  }
+  panels::linear_panels(x, ldx, m, k, n0, n1, y, ldy, [&](int64_t j, int rows, float* panel) {
+    pack_panel(w + j * ldw, ldw, k, rows, panel);
+  });
 }
 
 // Batched decode (4 ≤ m ≤ kFewRowsMax), as the AVX-512 variant's path: weight rows stream once per call in

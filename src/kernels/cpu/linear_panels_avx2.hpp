@@ -1,6 +1,6 @@
-// The AVX2 many-rows linear (prefill) over weights in any format: the BF16 path's panel GEMM
-// (linear_avx2.cpp's linear_panels, the same blocking and micro-kernel) with the weight decoding supplied by
-// the caller, so a block-quantized weight is dequantised once per panel into f32 and then runs at the same
+// The AVX2 many-rows linear (prefill) over weights in any format: one panel GEMM for the f32/bf16/f16 linears
+// (linear_avx2.cpp) and the quantized ones (linear_quant_avx2.cpp), with the weight decoding supplied by the
+// caller, so a block-quantized weight is dequantised once per panel into f32 and then runs at the same
 // FMA rate as BF16. Include only from files compiled with the AVX2 flags.
 //
 // kPanelRows weight rows are decoded into a panel laid out step by step (step s holds the rows' 16 elements

@@ -1,7 +1,7 @@
-// The AVX-512 many-rows linear (prefill) over weights in any format: the BF16 path's panel GEMM
-// (linear_avx512.cpp's linear_panels, the same blocking and micro-kernel) with the weight decoding supplied
-// by the caller, so a block-quantized weight is dequantised once per panel into f32 and then runs at the same
-// FMA rate as BF16. Include only from files compiled with the AVX-512 flags.
+// The AVX-512 many-rows linear (prefill) over weights in any format: one panel GEMM for the f32/bf16/f16
+// linears (linear_avx512.cpp) and the quantized ones (linear_quant_avx512.cpp), with the weight decoding
+// supplied by the caller, so a block-quantized weight is dequantised once per panel into f32 and then runs at
+// the same FMA rate as BF16. Include only from files compiled with the AVX-512 flags.
 //
 // kPanelRows weight rows are decoded into a panel laid out step by step (step s holds the kPanelRows rows'
 // 16 elements p = 16s..16s+15, zero past k), and the x rows are copied the same way, tile by tile, so a
@@ -41,18 +41,19 @@ inline float reduce16(__m512 v) {
 
 // How m rows split into tiles of at most kTileRows, of nearly equal heights (8 rows as 4 + 4, not 6 + 2: a
 // short tile reloads the panel for few FMAs): tile t covers rows [tile_start(m, t), tile_start(m, t + 1)).
-inline int64_t tile_count(int64_t m) {
-  return (m + kTileRows - 1) / kTileRows;
+inline int64_t tile_count(int64_t m, int64_t most = kTileRows) {
+  return (m + most - 1) / most;
 }
-inline int64_t tile_start(int64_t m, int64_t t) {
-  return m * t / tile_count(m);
+inline int64_t tile_start(int64_t m, int64_t t, int64_t most = kTileRows) {
+  return m * t / tile_count(m, most);
 }
 
-// Copies x rows [0, m) into tile layout: tile t's rows i0..i1 as [step][row][16] starting at i0 · steps · 16.
-inline void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
+// Copies x rows [0, m) into tile layout (tiles of at most `most` rows): tile t's rows i0..i1 as
+// [step][row][16] starting at i0 · steps · 16.
+inline void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, float* out, int64_t most = kTileRows) {
   const int64_t steps = (k + 15) / 16;
-  for (int64_t t = 0; t < tile_count(m); ++t) {
-    const int64_t i0 = tile_start(m, t), h = tile_start(m, t + 1) - i0;
+  for (int64_t t = 0; t < tile_count(m, most); ++t) {
+    const int64_t i0 = tile_start(m, t, most), h = tile_start(m, t + 1, most) - i0;
     float* tile = out + i0 * steps * 16;
     for (int64_t i = 0; i < h; ++i) {
       const float* row = x + (i0 + i) * ldx;
