@@ -169,15 +169,7 @@ void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int
     }
     step(xt + full * MR * 16, ws);
   }
-  alignas(32) float lanes[16];
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) {
-      _mm256_store_ps(lanes, acc[0][i][j]);
-      _mm256_store_ps(lanes + 8, acc[1][i][j]);
-      y[i * ldy + j] = reduce_lanes(lanes);
-    }
+  panels::store_reduced<MR, NR>(acc, y, ldy);
 }
 
 // Weight rows [j, j + NR) over every packed x tile (tile t: rows [m·t/tiles, m·(t+1)/tiles)).

@@ -23,6 +23,21 @@ namespace xmoe::kernels::avx2::panels {
 constexpr int kPanelRows = 2;
 constexpr int kTileRows = 3;  // 3 × 2 outputs × 2 halves = 12 accumulators + 2 weights + 1 x of 16 registers
 
+// y[i, j] = the fixed reduction (linear_lanes.hpp) of the 16 lanes acc[0][i][j] (lanes 0–7) and acc[1][i][j]
+// (lanes 8–15).
+template <int MR, int NR>
+inline void store_reduced(const __m256 (&acc)[2][MR][NR], float* y, int64_t ldy) {
+  alignas(32) float lanes[16];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) {
+      _mm256_store_ps(lanes, acc[0][i][j]);
+      _mm256_store_ps(lanes + 8, acc[1][i][j]);
+      y[i * ldy + j] = reduce_lanes(lanes);
+    }
+}
+
 template <int MR, int NR>
 void panel_tile(const float* x, int64_t ldx, const float* panel, int64_t k, float* y, int64_t ldy) {
   __m256 acc[2][MR][NR];
@@ -51,15 +66,7 @@ void panel_tile(const float* x, int64_t ldx, const float* panel, int64_t k, floa
       }
     }
   }
-  alignas(32) float lanes[16];
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) {
-      _mm256_store_ps(lanes, acc[0][i][j]);
-      _mm256_store_ps(lanes + 8, acc[1][i][j]);
-      y[i * ldy + j] = reduce_lanes(lanes);
-    }
+  store_reduced<MR, NR>(acc, y, ldy);
 }
 
 using PanelTileFn = void (*)(const float* x, int64_t ldx, const float* panel, int64_t k, float* y,

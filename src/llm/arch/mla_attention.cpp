@@ -153,22 +153,25 @@ void MlaAttention::attend(const kernels::KernelTable& table, KvCache& cache, int
   if (!expanded.empty()) attend_expanded(table, cache, layer, step, expanded, q, attn);
 }
 
+namespace {
+// An f32 row-major [rows, cols] matrix as a kernel weight view.
+kernels::PackedWeight f32_matrix(const float* data, int64_t rows, int64_t cols) {
+  kernels::PackedWeight w;
+  w.rows = rows, w.cols = cols;
+  w.data = reinterpret_cast<const std::byte*>(data);
+  w.row_bytes = cols * static_cast<int64_t>(sizeof(float));
+  return w;
+}
+}  // namespace
+
 kernels::PackedWeight MlaAttention::uk_view(int h) const {
   const int64_t R = d_.kv_lora_rank, nope = d_.qk_nope;
-  kernels::PackedWeight w;
-  w.rows = R, w.cols = nope;
-  w.data = reinterpret_cast<const std::byte*>(uk_t_.data() + h * R * nope);
-  w.row_bytes = nope * static_cast<int64_t>(sizeof(float));
-  return w;
+  return f32_matrix(uk_t_.data() + h * R * nope, R, nope);
 }
 
 kernels::PackedWeight MlaAttention::uv_view(int h) const {
   const int64_t R = d_.kv_lora_rank, dv = d_.v_head;
-  kernels::PackedWeight w;
-  w.rows = dv, w.cols = R;
-  w.data = reinterpret_cast<const std::byte*>(uv_.data() + h * dv * R);
-  w.row_bytes = R * static_cast<int64_t>(sizeof(float));
-  return w;
+  return f32_matrix(uv_.data() + h * dv * R, dv, R);
 }
 
 void MlaAttention::attend_absorbed(const kernels::KernelTable& table, KvCache& cache, int layer,
