@@ -92,10 +92,33 @@ CLI::App* add_generate_subcommand(CLI::App& app, GenerateOptions& o) {
       "--measure-bandwidth", o.measure_bandwidth,
       "measure the machine's read bandwidth and register-only FMA peak and report decode's share of "
       "the one, prefill's of the other");
+  cmd->add_flag("--profile", o.profile,
+                "print where prefill and decode steps spend their time, by op class (share, ms per step, "
+                "GB/s, GFLOP/s, threads busy; set OMP_WAIT_POLICY=passive for the barrier cost)");
   return cmd;
 }
 
 namespace {
+
+// Median cost of one empty parallel region of the default team (fork, join, the implicit barrier).
+double fork_join_microseconds() {
+  constexpr int kRounds = 9, kRegions = 200;
+  std::vector<double> us;
+  for (int r = 0; r < kRounds; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kRegions; ++i) {
+#pragma omp parallel
+      {
+        // An empty region could be elided; a relaxed read keeps it a real fork/join.
+        [[maybe_unused]] volatile int thread = omp_get_thread_num();
+      }
+    }
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() /
+                 kRegions);
+  }
+  std::nth_element(us.begin(), us.begin() + kRounds / 2, us.end());
+  return us[kRounds / 2];
+}
 
 std::vector<int32_t> parse_ids(const std::string& text) {
   std::vector<int32_t> ids;
@@ -308,6 +331,8 @@ int run_generate(const GenerateOptions& o) {
     }
     warm.run_until_idle();
   }
+  llm::StepProfile profile;
+  if (o.profile) engine_options.profile = &profile;
   llm::Engine engine(*model, engine_options);
   std::vector<llm::RequestId> ids;
   int64_t prompt_tokens = 0;
@@ -454,6 +479,8 @@ int run_generate(const GenerateOptions& o) {
           compute_roof < bandwidth_roof ? "compute" : "bandwidth");
   }
   std::fprintf(stderr, "\n");
+  if (o.profile)
+    std::fprintf(stderr, "%s", profile.report(omp_get_max_threads(), fork_join_microseconds()).c_str());
   if (o.measure_bandwidth) {
     // What a token of context costs in the cache (MLA: the latent vector only).
     const llm::KvCache& kv = engine.kv_cache();

@@ -39,6 +39,7 @@ struct GenerateOptions {
   bool warmup = false;
   bool print_ids = false;
   bool measure_bandwidth = false;
+  bool profile = false;
 
   // Which sampling flags were given (the others come from generation_config.json).
   CLI::Option *temperature_opt = nullptr, *top_p_opt = nullptr, *min_p_opt = nullptr, *top_k_opt = nullptr,

@@ -9,9 +9,14 @@
 # the precisions alternate under the same load, and each gets its own medians. Decode runs also print the
 # step's compute ceiling (its flops at the register-only peak of that precision's arithmetic).
 #
+# BASELINE names a second xmoe binary (e.g. main's build): every run then alternates the two, same load, and
+# each gets its own medians (an A/B in one run). PROFILE=1 adds `--profile` to the decode runs and prints
+# each run's decode step profile (time share, GB/s, GFLOP/s by op class). BATCHES lists the decode batch
+# sizes (default "1 8 16"); SKIP_PREFILL=1 leaves out the prefill runs.
+#
 #   tools/bench_compute.sh [build/xmoe]     env: MODEL (made with `xmoe init-model` if missing), THREADS=2,
 #                                           REPS=3, DECODE_TOKENS=32, SKIP_LAYER=1 to leave out `xmoe bench`,
-#                                           PRECISION=highest
+#                                           PRECISION=highest, BASELINE, PROFILE, BATCHES, SKIP_PREFILL
 set -euo pipefail
 XMOE=${1:-build/xmoe}
 MODEL=${MODEL:-/tmp/xmoe-qwen3-30b-a3b-8layers}
@@ -19,6 +24,16 @@ THREADS=${THREADS:-2}
 REPS=${REPS:-3}
 DECODE_TOKENS=${DECODE_TOKENS:-32}
 read -r -a PRECISIONS <<<"${PRECISION:-highest}"
+read -r -a BATCH_SIZES <<<"${BATCHES:-1 8 16}"
+# Binaries by label: "new" (the argument) and, with BASELINE, "base"; runs alternate them.
+declare -A BINS=([new]="$XMOE")
+LABELS=(new)
+if [ -n "${BASELINE:-}" ]; then
+  BINS[base]="$BASELINE"
+  LABELS=(base new)
+fi
+PROFILE_FLAG=()
+[ "${PROFILE:-0}" = 1 ] && PROFILE_FLAG=(--profile)
 export OMP_WAIT_POLICY=passive
 cd "$(dirname "$0")/.."
 [ -f "$MODEL/config.json" ] || "$XMOE" init-model --config configs/qwen3-30b-a3b-8layers.json --out "$MODEL"
@@ -32,43 +47,58 @@ field() { grep -o -- "$2 [0-9.]*" <<<"$1" | awk '{print $NF}'; }
 
 common=(--model "$MODEL" --threads "$THREADS" --ignore-eos --temperature 1 --seed 1 --warmup --measure-bandwidth)
 
-echo "== prefill: 512-token prompt, $THREADS threads, $REPS runs, matmul precision ${PRECISIONS[*]}"
-declare -A rates gflops shares
-for r in $(seq "$REPS"); do
-  for p in "${PRECISIONS[@]}"; do
-    out=$("$XMOE" generate "${common[@]}" --matmul-precision "$p" --prompt-ids "$(ids 512 0)" --max-tokens 1 \
-      --no-stream 2>&1 >/dev/null)
-    line=$(grep "^prefill compute:" <<<"$out")
-    rates[$p]+="$(field "$(grep '^prefill:' <<<"$out")" '=') "
-    gflops[$p]+="$(field "$line" 'all,') "
-    shares[$p]+="$(grep -o '= [0-9.]* % of the register' <<<"$line" | awk '{print $2}') "
-    echo "  run $r $p: $(grep '^prefill:' <<<"$out"); $line; load $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ "${SKIP_PREFILL:-0}" != 1 ]; then
+  echo "== prefill: 512-token prompt, $THREADS threads, $REPS runs, matmul precision ${PRECISIONS[*]}, binaries ${LABELS[*]}"
+  declare -A rates gflops shares
+  for r in $(seq "$REPS"); do
+    for p in "${PRECISIONS[@]}"; do
+      for b in "${LABELS[@]}"; do
+        out=$("${BINS[$b]}" generate "${common[@]}" --matmul-precision "$p" --prompt-ids "$(ids 512 0)" --max-tokens 1 \
+          --no-stream 2>&1 >/dev/null)
+        line=$(grep "^prefill compute:" <<<"$out")
+        rates[$p/$b]+="$(field "$(grep '^prefill:' <<<"$out")" '=') "
+        gflops[$p/$b]+="$(field "$line" 'all,') "
+        shares[$p/$b]+="$(grep -o '= [0-9.]* % of the register' <<<"$line" | awk '{print $2}') "
+        echo "  run $r $p $b: $(grep '^prefill:' <<<"$out"); $line; load $(cut -d' ' -f1-3 /proc/loadavg)"
+      done
+    done
   done
-done
-for p in "${PRECISIONS[@]}"; do
-  echo "prefill median ($p): $(tr ' ' '\n' <<<"${rates[$p]}" | grep . | median) tokens/s, $(tr ' ' '\n' <<<"${gflops[$p]}" | grep . | median) GFLOP/s = $(tr ' ' '\n' <<<"${shares[$p]}" | grep . | median) % of the peak of its arithmetic"
-done
+  for p in "${PRECISIONS[@]}"; do
+    for b in "${LABELS[@]}"; do
+      echo "prefill median ($p, $b): $(tr ' ' '\n' <<<"${rates[$p/$b]}" | grep . | median) tokens/s, $(tr ' ' '\n' <<<"${gflops[$p/$b]}" | grep . | median) GFLOP/s = $(tr ' ' '\n' <<<"${shares[$p/$b]}" | grep . | median) % of the peak of its arithmetic"
+    done
+  done
+fi
 
-for batch in 1 8 16; do
-  echo "== decode: $batch sequences x $DECODE_TOKENS tokens, 32-token prompts, $THREADS threads, $REPS runs, matmul precision ${PRECISIONS[*]}"
+for batch in "${BATCH_SIZES[@]}"; do
+  echo "== decode: $batch sequences x $DECODE_TOKENS tokens, 32-token prompts, $THREADS threads, $REPS runs, matmul precision ${PRECISIONS[*]}, binaries ${LABELS[*]}"
   prompts=()
   for s in $(seq 0 $((batch - 1))); do prompts+=(--prompt-ids "$(ids 32 "$s")"); done
   unset rates shares
   declare -A rates shares
   for r in $(seq "$REPS"); do
     for p in "${PRECISIONS[@]}"; do
-      out=$("$XMOE" generate "${common[@]}" --matmul-precision "$p" "${prompts[@]}" --max-tokens "$DECODE_TOKENS" \
-        --no-stream 2>&1 >/dev/null)
-      dline=$(grep "^decode:" <<<"$out")
-      roof=$(grep "^decode roofline:" <<<"$out")
-      ceiling=$(grep "^decode compute ceiling:" <<<"$out")
-      rates[$p]+="$(grep -o '= [0-9.]* tokens/s' <<<"$dline" | awk '{print $2}') "
-      shares[$p]+="$(grep -o 'achieved [0-9.]*' <<<"$roof" | awk '{print $2}') "
-      echo "  run $r $p: $dline; $roof; $ceiling; load $(cut -d' ' -f1-3 /proc/loadavg)"
+      for b in "${LABELS[@]}"; do
+        flags=()
+        [ "$b" = new ] && flags=("${PROFILE_FLAG[@]}")
+        out=$("${BINS[$b]}" generate "${common[@]}" "${flags[@]}" --matmul-precision "$p" "${prompts[@]}" \
+          --max-tokens "$DECODE_TOKENS" --no-stream 2>&1 >/dev/null)
+        dline=$(grep "^decode:" <<<"$out")
+        roof=$(grep "^decode roofline:" <<<"$out")
+        ceiling=$(grep "^decode compute ceiling:" <<<"$out")
+        rates[$p/$b]+="$(grep -o '= [0-9.]* tokens/s' <<<"$dline" | awk '{print $2}') "
+        shares[$p/$b]+="$(grep -o 'achieved [0-9.]*' <<<"$roof" | awk '{print $2}') "
+        echo "  run $r $p $b: $dline; $roof; $ceiling; load $(cut -d' ' -f1-3 /proc/loadavg)"
+        if [ "${#flags[@]}" -gt 0 ]; then
+          sed -n '/^profile: /p; /^profile decode:/,/^  engine overhead/p' <<<"$out" | sed 's/^/    /'
+        fi
+      done
     done
   done
   for p in "${PRECISIONS[@]}"; do
-    echo "decode batch $batch median ($p): $(tr ' ' '\n' <<<"${rates[$p]}" | grep . | median) tokens/s aggregate = $(tr ' ' '\n' <<<"${shares[$p]}" | grep . | median) % of the roofline"
+    for b in "${LABELS[@]}"; do
+      echo "decode batch $batch median ($p, $b): $(tr ' ' '\n' <<<"${rates[$p/$b]}" | grep . | median) tokens/s aggregate = $(tr ' ' '\n' <<<"${shares[$p/$b]}" | grep . | median) % of the roofline"
+    done
   done
 done
 

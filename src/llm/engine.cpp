@@ -86,9 +86,12 @@ Engine::Engine(CausalLM& model, EngineOptions options)
              "engine: max_running must be in [1, max_step_tokens = ", options_.max_step_tokens, "], got ",
              options_.max_running);
   capacity_tokens_ = cache_.max_tokens();
+  if (options_.profile) model_.set_profile(options_.profile);
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  if (options_.profile) model_.set_profile(nullptr);
+}
 
 RequestId Engine::submit(GenerationRequest request) {
   const int64_t vocab = model_.config().vocab_size;
@@ -208,6 +211,8 @@ bool Engine::step() {
   release_finished();  // sequences cancelled since the last step
   if (idle()) return false;
   const auto start = std::chrono::steady_clock::now();
+  std::optional<ProfileScope> overhead;  // what the model's and the sampler's scopes do not claim
+  if (options_.profile) overhead.emplace(options_.profile, ProfileOp::engine);
   uint64_t step_weight_bytes = 0;
   const std::vector<ScheduledChunk> chunks = schedule();
   std::vector<SequenceChunk> batch;
@@ -238,7 +243,16 @@ bool Engine::step() {
     }
     sample_all(ready);
   }
+  overhead.reset();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (options_.profile) {
+    if (prefill_tokens > 0)
+      options_.profile->end_step(StepProfile::Phase::prefill, prefill_tokens + decode_tokens, seconds);
+    else if (decode_tokens > 0)
+      options_.profile->end_step(StepProfile::Phase::decode, decode_tokens, seconds);
+    else
+      options_.profile->discard_step();
+  }
   ++stats_.steps;
   stats_.max_batch_sequences = std::max(stats_.max_batch_sequences, static_cast<int>(batch.size()));
   if (prefill_tokens > 0) {
@@ -270,6 +284,10 @@ void Engine::sample_all(std::span<const std::pair<Sequence*, std::span<float>>> 
     std::string error;  // this request's processing failed
   };
   std::vector<Draw> draws(ready.size());
+  std::optional<ProfileScope> scope;  // the draws; accepting tokens (text, callbacks) is the engine's
+  if (options_.profile)
+    scope.emplace(options_.profile, ProfileOp::sampler,
+                  static_cast<double>(ready.size()) * static_cast<double>(model_.config().vocab_size) * 4.0);
   // Logits processors are the caller's code, not necessarily safe to run concurrently: one at a time.
   for (size_t j = 0; j < ready.size(); ++j) {
     Sequence& seq = *ready[j].first;
@@ -298,6 +316,7 @@ void Engine::sample_all(std::span<const std::pair<Sequence*, std::span<float>>> 
       d.error = e.what();
     }
   }
+  scope.reset();
   for (size_t j = 0; j < ready.size(); ++j) {
     Sequence& seq = *ready[j].first;
     if (seq.cancelled) continue;  // by an earlier sequence's stream callback in this loop

@@ -111,6 +111,9 @@ struct EngineOptions {
   int max_running = 64;           // sequences in the batch at once, <= max_step_tokens
   std::vector<int32_t> eos_token_ids;
   TextStreamFactory text_stream;  // optional: without it results carry ids only
+  // Optional: each step's time by op (llm/step_profile.hpp); the engine hands it to the model while it
+  // lives. Off (null) costs nothing.
+  StepProfile* profile = nullptr;
 };
 
 struct EngineStats {

@@ -10,6 +10,7 @@
 #include "llm/checkpoint.hpp"
 #include "llm/kv_cache.hpp"
 #include "llm/model_config.hpp"
+#include "llm/step_profile.hpp"
 #include "xmoe/dtype.hpp"
 
 namespace xmoe::llm {
@@ -49,6 +50,9 @@ class CausalLM {
   // Bytes of weights every forward so far has read: each matrix once per forward, each MoE layer's experts
   // that any token of the step chose once, and the tokens' embedding rows (what a step streams from memory).
   virtual uint64_t weight_bytes_read() const = 0;
+  // Times each forward's ops into `profile` from now on (null: stop). A model without its own timing leaves
+  // the whole forward to the caller's scope.
+  virtual void set_profile(StepProfile* /*profile*/) {}
 };
 
 // Picks the architecture from config.json's "architectures" (throws naming the unknown one). The model reads

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <optional>
 
 #include "util/random.hpp"
 #include "xmoe/error.hpp"
@@ -108,24 +110,73 @@ void apply_top_p(std::vector<Candidate>& cands, double top_p, double max_logit) 
   cands = std::move(kept);
 }
 
+void check_logit(std::span<const float> logits, size_t i) {
+  XMOE_CHECK(!std::isnan(logits[i]) && logits[i] != INFINITY, "sampler: logit of token ", i, " is ",
+             logits[i]);
+}
+
+// Top-k by partial selection: one pass keeps the k largest logits (with repeats) in a min-heap, so the k-th
+// largest is known without ranking the vocabulary, and only the logits at or above it become candidates,
+// in `before` order. The cut is made on the float logits, which is the cut on logit / temperature (a
+// monotone map) unless two floats map to one double: then the float just below the k-th would tie with it
+// and nullopt sends the caller to the full path. Also nullopt when k does not truncate.
+std::optional<std::vector<Candidate>> top_k_candidates(std::span<const float> logits, int top_k,
+                                                       double temperature) {
+  const auto k = static_cast<size_t>(top_k);
+  std::vector<float> heap;  // min-heap of the k largest finite logits so far
+  heap.reserve(k);
+  size_t finite = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float l = logits[i];
+    if (!(l > -INFINITY && l < INFINITY)) {
+      check_logit(logits, i);
+      continue;
+    }
+    ++finite;
+    if (heap.size() < k) {
+      heap.push_back(l);
+      std::push_heap(heap.begin(), heap.end(), std::greater<>());
+    } else if (l > heap.front()) {
+      std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+      heap.back() = l;
+      std::push_heap(heap.begin(), heap.end(), std::greater<>());
+    }
+  }
+  XMOE_CHECK(finite > 0, "sampler: every logit is -inf");
+  if (finite <= k) return std::nullopt;
+  const float kth = heap.front();
+  const double kth_scaled = static_cast<double>(kth) / temperature;
+  if (static_cast<double>(std::nextafter(kth, -INFINITY)) / temperature == kth_scaled) return std::nullopt;
+  std::vector<Candidate> cands;
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (logits[i] >= kth && logits[i] < INFINITY)
+      cands.push_back({static_cast<double>(logits[i]) / temperature, static_cast<int32_t>(i)});
+  std::sort(cands.begin(), cands.end(), before);
+  return cands;
+}
+
 }  // namespace
 
 TokenDistribution filtered_distribution(std::span<const float> logits, const SamplingParams& params) {
   XMOE_CHECK(params.temperature > 0.0, "sampler: filtered_distribution needs temperature > 0");
+  std::optional<std::vector<Candidate>> selected;
+  if (params.top_k > 0) selected = top_k_candidates(logits, params.top_k, params.temperature);
   std::vector<Candidate> cands;
-  cands.reserve(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) {
-    XMOE_CHECK(!std::isnan(logits[i]) && logits[i] != INFINITY, "sampler: logit of token ", i, " is ",
-               logits[i]);
-    if (logits[i] != -INFINITY)
-      cands.push_back({static_cast<double>(logits[i]) / params.temperature, static_cast<int32_t>(i)});
-  }
-  XMOE_CHECK(!cands.empty(), "sampler: every logit is -inf");
-
-  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < cands.size()) {
-    std::nth_element(cands.begin(), cands.begin() + (params.top_k - 1), cands.end(), before);
-    const double kth = cands[static_cast<size_t>(params.top_k - 1)].logit;
-    std::erase_if(cands, [kth](const Candidate& c) { return c.logit < kth; });  // ties with the k-th stay
+  if (selected) {
+    cands = std::move(*selected);
+  } else {
+    cands.reserve(logits.size());
+    for (size_t i = 0; i < logits.size(); ++i) {
+      check_logit(logits, i);
+      if (logits[i] != -INFINITY)
+        cands.push_back({static_cast<double>(logits[i]) / params.temperature, static_cast<int32_t>(i)});
+    }
+    XMOE_CHECK(!cands.empty(), "sampler: every logit is -inf");
+    if (params.top_k > 0 && static_cast<size_t>(params.top_k) < cands.size()) {
+      std::nth_element(cands.begin(), cands.begin() + (params.top_k - 1), cands.end(), before);
+      const double kth = cands[static_cast<size_t>(params.top_k - 1)].logit;
+      std::erase_if(cands, [kth](const Candidate& c) { return c.logit < kth; });  // ties with the k-th stay
+    }
   }
   double max_logit = -INFINITY;
   for (const Candidate& c : cands) max_logit = std::max(max_logit, c.logit);

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <tuple>
 
 #include "llm/sampler.hpp"
 #include "xmoe/error.hpp"
@@ -109,6 +111,74 @@ TEST(Sampler, TopPOnALargeVocabularyMatchesAFullSort) {
     std::sort(dist.tokens.begin(), dist.tokens.end());
     EXPECT_EQ(dist.tokens, top_p_reference(logits, top_p)) << "scale " << scale << ", top_p " << top_p;
   }
+}
+
+// The plain definition of top-k: every token whose logit / temperature is at least the k-th largest such
+// value (ties with it stay), probabilities by softmax over them.
+std::map<int32_t, double> top_k_reference(const std::vector<float>& logits, int k, double temperature) {
+  std::vector<double> scaled;
+  for (float l : logits)
+    if (l != -INFINITY) scaled.push_back(static_cast<double>(l) / temperature);
+  std::sort(scaled.begin(), scaled.end(), std::greater<>());
+  const double kth = scaled[std::min(scaled.size(), static_cast<size_t>(k)) - 1];
+  std::map<int32_t, double> kept;
+  double top = -INFINITY, total = 0;
+  for (size_t i = 0; i < logits.size(); ++i)
+    if (logits[i] != -INFINITY && static_cast<double>(logits[i]) / temperature >= kth)
+      top = std::max(top, static_cast<double>(logits[i]) / temperature);
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const double d = static_cast<double>(logits[i]) / temperature;
+    if (logits[i] == -INFINITY || d < kth) continue;
+    kept[static_cast<int32_t>(i)] = std::exp(d - top);
+    total += kept[static_cast<int32_t>(i)];
+  }
+  for (auto& [t, p] : kept) p /= total;
+  return kept;
+}
+
+// The partial selection of the k largest (sampler.cpp) against a full sort, on a vocabulary of Qwen3's size
+// with repeated values at the cut, masked tokens and fewer finite logits than k.
+TEST(Sampler, TopKOnALargeVocabularyMatchesAFullSort) {
+  std::mt19937 gen(11);
+  for (const auto& [k, temperature, quantum] :
+       {std::tuple{20, 0.6, 0.0f}, {1, 1.0, 0.0f}, {50, 1.3, 0.25f}, {20, 0.6, 0.5f}, {1000, 2.0, 0.0f}}) {
+    SCOPED_TRACE(testing::Message() << "k " << k << ", temperature " << temperature << ", quantum "
+                                    << quantum);
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    std::vector<float> logits(151936);
+    for (float& l : logits) {
+      l = normal(gen);
+      if (quantum > 0) l = std::round(l / quantum) * quantum;  // many logits equal to the k-th
+    }
+    for (size_t i = 5; i < logits.size(); i += 97) logits[i] = -INFINITY;
+    SamplingParams params;
+    params.temperature = temperature;
+    params.top_k = k;
+    const TokenDistribution dist = filtered_distribution(logits, params);
+    const std::map<int32_t, double> want = top_k_reference(logits, k, temperature);
+    ASSERT_EQ(dist.tokens.size(), want.size());
+    for (size_t i = 0; i < dist.tokens.size(); ++i) {
+      ASSERT_EQ(want.count(dist.tokens[i]), 1u) << "token " << dist.tokens[i];
+      EXPECT_NEAR(dist.probs[i], want.at(dist.tokens[i]), 1e-12);
+    }
+    // Most probable first: the draw walks the survivors in an order fixed by the logits.
+    for (size_t i = 1; i < dist.tokens.size(); ++i)
+      EXPECT_GE(logits[static_cast<size_t>(dist.tokens[i - 1])], logits[static_cast<size_t>(dist.tokens[i])]);
+  }
+  // Fewer finite logits than k: all of them.
+  std::vector<float> few(1000, -INFINITY);
+  few[3] = 1.0f, few[900] = 2.0f;
+  SamplingParams params;
+  params.top_k = 20;
+  EXPECT_EQ(filtered_distribution(few, params).tokens.size(), 2u);
+  // A temperature that maps neighbouring floats to one double (overflow to inf): the full path decides.
+  std::vector<float> huge = {3e38f, std::nextafter(3e38f, 0.0f), 1.0f, 2.0f};
+  params.temperature = 1e-300;
+  params.top_k = 1;
+  std::vector<int32_t> tokens = filtered_distribution(huge, params).tokens;
+  std::sort(tokens.begin(), tokens.end());
+  EXPECT_EQ(tokens, (std::vector<int32_t>{0, 1}));
+  EXPECT_THROW(filtered_distribution(std::vector<float>{1.0f, NAN, 2.0f}, params), Error);
 }
 
 // Pearson's chi-square of `draws` samples against the distribution, with the Wilson-Hilferty approximation

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "kernels/cpu/linear_panels_avx512.hpp"
+#include "kernels/cpu/linear_reduce_avx512.hpp"
 #include "kernels/cpu/variants.hpp"
 #include "xmoe/error.hpp"
 
@@ -177,10 +178,14 @@ void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
+  if constexpr (MR * NR >= 4) {
+    lane_tree::store_tile<MR, NR>(acc, y, ldy);
+  } else {
 #pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i)
+    for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
+      for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
+  }
 }
 
 // Weight rows [j, j + NR) over every packed x tile.

@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "kernels/cpu/linear_bf16dot.hpp"
+#include "kernels/cpu/linear_reduce_avx512.hpp"
 #include "kernels/cpu/variants.hpp"
 #include "xmoe/error.hpp"
 
@@ -114,11 +115,15 @@ void tile(const uint16_t* xt, const bf16* w, int64_t ldw, int64_t k, float* y, i
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
     }
   }
-  // Unrolled like the loops above, so the accumulators stay registers.
+  if constexpr (MR * NR >= 4) {
+    lane_tree::store_tile<MR, NR>(acc, y, ldy);
+  } else {
+    // Unrolled like the loops above, so the accumulators stay registers.
 #pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i)
+    for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
+      for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
+  }
 }
 
 // Weight rows [j, j + NR) over every packed x tile; the first tile prefetches the next group.

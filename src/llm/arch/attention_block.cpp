@@ -74,12 +74,19 @@ void AttentionBlock::forward(const kernels::KernelTable& table, const Rope& rope
   const auto& chunk_of = step.chunk_of;
 
   float* qkv = scratch.qkv.ensure(static_cast<size_t>(T * qkv_width));
-  int64_t col = 0;
-  for (const kernels::PackedWeight& w : qkv_parts_) {
-    kernels::linear_forward(table, w, x, T, w.cols, qkv + col, qkv_width);
-    col += w.rows;
+  {
+    double bytes = 0;
+    for (const kernels::PackedWeight& w : qkv_parts_) bytes += static_cast<double>(w.bytes());
+    ProfileScope scope(
+        scratch.profile, ProfileOp::attention_proj, bytes,
+        2.0 * static_cast<double>(T) * static_cast<double>(qkv_width) * static_cast<double>(w_.q.cols));
+    int64_t col = 0;
+    for (const kernels::PackedWeight& w : qkv_parts_) {
+      kernels::linear_forward(table, w, x, T, w.cols, qkv + col, qkv_width);
+      col += w.rows;
+    }
+    if (!qkv_bias_.empty()) add_bias(qkv, qkv_bias_.data(), T, qkv_width, qkv_width);
   }
-  if (!qkv_bias_.empty()) add_bias(qkv, qkv_bias_.data(), T, qkv_width, qkv_width);
   moe::parallel_rows(T, 4, [&](int64_t a, int64_t b) {
     for (int64_t t = a; t < b; ++t) {
       const auto c = static_cast<size_t>(chunk_of[static_cast<size_t>(t)]);
@@ -140,6 +147,9 @@ void AttentionBlock::forward(const kernels::KernelTable& table, const Rope& rope
     args.seqs = seqs.data(), args.num_seqs = static_cast<int64_t>(seqs.size());
     kernels::attention(table, args);
   }
+  ProfileScope scope(
+      scratch.profile, ProfileOp::attention_proj, static_cast<double>(w_.o.bytes()),
+      2.0 * static_cast<double>(T) * static_cast<double>(w_.o.rows) * static_cast<double>(w_.o.cols));
   kernels::linear_forward(table, w_.o, attn, T, out);
   if (!w_.o_bias.empty()) add_bias(out, w_.o_bias.data(), T, w_.o.rows, w_.o.rows);
 }

@@ -11,6 +11,7 @@
 #include "kernels/packed_weight.hpp"
 #include "llm/kv_cache.hpp"
 #include "llm/layers/rope.hpp"
+#include "llm/step_profile.hpp"
 #include "util/buffer.hpp"
 
 namespace xmoe::llm {
@@ -42,6 +43,7 @@ struct AttentionWeights {
 // Scratch shared by the layers of a model (sized by the largest step).
 struct AttentionScratch {
   Buffer<float> qkv, attn;
+  StepProfile* profile = nullptr;  // where the block times its projections (null: not timed)
 };
 
 class AttentionBlock {

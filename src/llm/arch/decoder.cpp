@@ -149,6 +149,12 @@ class Decoder final : public CausalLM {
 
   uint64_t weight_bytes_read() const override { return weight_bytes_read_; }
 
+  void set_profile(StepProfile* profile) override {
+    profile_ = profile;
+    attention_scratch_.profile = profile;
+    for (Layer& L : layers_) L.ffn->set_profile(profile);
+  }
+
   void forward(std::span<const SequenceChunk> batch, KvCache& cache, std::vector<float>& logits) override {
     const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
     check_batch(batch, cache);
@@ -172,20 +178,39 @@ class Decoder final : public CausalLM {
 
     float* hidden = hidden_.ensure(static_cast<size_t>(T * H));
     float* normed = normed_.ensure(static_cast<size_t>(T * H));
-    for (size_t c = 0; c < batch.size(); ++c)
-      for (size_t i = 0; i < batch[c].tokens.size(); ++i)
-        embed_.row_to_f32(batch[c].tokens[i], hidden + (first[c] + static_cast<int64_t>(i)) * H);
+    {
+      ProfileScope scope(profile_, ProfileOp::embedding,
+                         static_cast<double>(T) * static_cast<double>(embedding_row_bytes()));
+      for (size_t c = 0; c < batch.size(); ++c)
+        for (size_t i = 0; i < batch[c].tokens.size(); ++i)
+          embed_.row_to_f32(batch[c].tokens[i], hidden + (first[c] + static_cast<int64_t>(i)) * H);
+    }
 
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
+    // The norms' and residual adds' traffic: each reads and writes the hidden rows.
+    const double norm_bytes = 2.0 * static_cast<double>(T * H) * sizeof(float);
+    const std::pair<double, double> attention_work = profile_ ? attention_work_of(step) : std::pair{0.0, 0.0};
     for (int li = 0; li < cfg_.num_hidden_layers; ++li) {
       Layer& L = layers_[static_cast<size_t>(li)];
-      rms_norm_rows(hidden, normed, T, H, H, L.input_norm.data(), eps);
       float* proj = proj_.ensure(static_cast<size_t>(T * H));
-      L.attention->forward(*table_, rope_, step, cache, li, normed, proj, attention_scratch_);
-      add_rows(hidden, proj, T * H);
-
-      rms_norm_rows(hidden, normed, T, H, H, L.post_norm.data(), eps);
-      weight_bytes_read_ += L.ffn->forward(normed, T, proj);
+      {
+        ProfileScope scope(profile_, ProfileOp::norms, norm_bytes);
+        rms_norm_rows(hidden, normed, T, H, H, L.input_norm.data(), eps);
+      }
+      {
+        ProfileScope scope(profile_, ProfileOp::attention, attention_work.first, attention_work.second);
+        L.attention->forward(*table_, rope_, step, cache, li, normed, proj, attention_scratch_);
+      }
+      {
+        ProfileScope scope(profile_, ProfileOp::norms, 2 * norm_bytes);
+        add_rows(hidden, proj, T * H);
+        rms_norm_rows(hidden, normed, T, H, H, L.post_norm.data(), eps);
+      }
+      {
+        ProfileScope scope(profile_, ProfileOp::experts);
+        weight_bytes_read_ += L.ffn->forward(normed, T, proj);
+      }
+      ProfileScope scope(profile_, ProfileOp::norms, norm_bytes);
       add_rows(hidden, proj, T * H);
     }
 
@@ -198,12 +223,18 @@ class Decoder final : public CausalLM {
         rows.push_back(first[c + 1] - 1);
     }
     const auto R = static_cast<int64_t>(rows.size());
-    for (int64_t r = 0; r < R; ++r)
-      std::copy(hidden + rows[static_cast<size_t>(r)] * H, hidden + (rows[static_cast<size_t>(r)] + 1) * H,
-                normed + r * H);
-    rms_norm_rows(normed, normed, R, H, H, final_norm_.data(), eps);
+    {
+      ProfileScope scope(profile_, ProfileOp::norms, 2.0 * static_cast<double>(R * H) * sizeof(float));
+      for (int64_t r = 0; r < R; ++r)
+        std::copy(hidden + rows[static_cast<size_t>(r)] * H, hidden + (rows[static_cast<size_t>(r)] + 1) * H,
+                  normed + r * H);
+      rms_norm_rows(normed, normed, R, H, H, final_norm_.data(), eps);
+    }
     logits.resize(static_cast<size_t>(R * V));
-    kernels::linear_forward(*table_, cfg_.tie_word_embeddings ? embed_ : lm_head_, normed, R, logits.data());
+    const PackedWeight& head = cfg_.tie_word_embeddings ? embed_ : lm_head_;
+    ProfileScope scope(profile_, ProfileOp::lm_head, static_cast<double>(head.bytes()),
+                       2.0 * static_cast<double>(R) * static_cast<double>(V) * static_cast<double>(H));
+    kernels::linear_forward(*table_, head, normed, R, logits.data());
 
     for (size_t c = 0; c < batch.size(); ++c)
       cache.set_length(batch[c].seq, step.start[c] + (first[c + 1] - first[c]));
@@ -232,6 +263,22 @@ class Decoder final : public CausalLM {
     return std::make_unique<GqaAttention>(std::make_unique<AttentionBlock>(
         opts_, cfg_.num_attention_heads, cfg_.num_key_value_heads, cfg_.head_dim, cfg_.attention_window(i),
         static_cast<float>(cfg_.rms_norm_eps), std::move(w)));
+  }
+
+  // K/V bytes one layer's attention reads in a step (each sequence's context once) and its flops (q·k and
+  // p·v per query head and visible position), for the profile; GQA's cache layout (MLA reads less).
+  std::pair<double, double> attention_work_of(const StepRows& step) const {
+    const double kv_row = 2.0 * static_cast<double>(cfg_.num_key_value_heads * cfg_.head_dim) *
+                          static_cast<double>(dtype_size(dtype_));
+    double bytes = 0, flops = 0;
+    for (size_t c = 0; c < step.seq.size(); ++c) {
+      const int64_t n = step.first[c + 1] - step.first[c], end = step.start[c] + n;
+      bytes += kv_row * static_cast<double>(end);
+      // Σ over the chunk's rows of their visible positions (start + 1 … end).
+      const double visible = static_cast<double>(n) * static_cast<double>(step.start[c] + 1 + end) / 2.0;
+      flops += 4.0 * visible * static_cast<double>(cfg_.num_attention_heads * cfg_.head_dim);
+    }
+    return {bytes, flops};
   }
 
   size_t embedding_row_bytes() const { return embed_.bytes() / static_cast<size_t>(embed_.rows); }
@@ -281,6 +328,7 @@ class Decoder final : public CausalLM {
   std::vector<float> final_norm_;
   std::vector<Layer> layers_;
   uint64_t weight_bytes_read_ = 0;
+  StepProfile* profile_ = nullptr;
   Buffer<float> hidden_, normed_, proj_;
   AttentionScratch attention_scratch_;
 };

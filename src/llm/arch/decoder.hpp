@@ -58,6 +58,9 @@ class FeedForward {
   virtual uint64_t forward(const float* x, int64_t T, float* y) = 0;
   virtual size_t fixed_bytes() const = 0;      // weights every step reads (dense weights, router)
   virtual size_t per_token_bytes() const = 0;  // weights one token reads besides (its experts)
+  // Where the block times its router and experts from now on (null: not timed); a block that does not
+  // leaves its whole time to the decoder's experts scope.
+  virtual void set_profile(StepProfile* /*profile*/) {}
 };
 
 // A layer's attention: out [T, H] = attention over x [T, H] (the normed hidden states) for the step's rows,

@@ -1,6 +1,7 @@
 #include "llm/arch/feed_forward.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include "kernels/linear.hpp"
 #include "llm/layers/quantized_views.hpp"
@@ -25,6 +26,9 @@ class DenseSwiglu final : public FeedForward {
   }
   uint64_t forward(const float* x, int64_t T, float* y) override {
     const int64_t I = down_.cols;
+    ProfileScope scope(
+        profile_, ProfileOp::experts, static_cast<double>(fixed_bytes()),
+        6.0 * static_cast<double>(T) * static_cast<double>(I) * static_cast<double>(down_.rows));
     float* gu = gu_.ensure(static_cast<size_t>(T * 2 * I));
     float* act = act_.ensure(static_cast<size_t>(T * I));
     int64_t col = 0;
@@ -45,9 +49,11 @@ class DenseSwiglu final : public FeedForward {
     return n;
   }
   size_t per_token_bytes() const override { return 0; }
+  void set_profile(StepProfile* profile) override { profile_ = profile; }
 
  private:
   const kernels::KernelTable* table_;
+  StepProfile* profile_ = nullptr;
   std::vector<PackedWeight> parts_;
   PackedWeight down_;
   Buffer<float> gu_, act_;
@@ -68,6 +74,11 @@ class SwigluMoe final : public FeedForward {
 
   uint64_t forward(const float* x, int64_t T, float* y) override {
     const int E = config_.num_experts, k = config_.top_k;
+    std::optional<ProfileScope> scope;
+    if (profile_)
+      scope.emplace(
+          profile_, ProfileOp::router, static_cast<double>(router_.bytes()),
+          2.0 * static_cast<double>(T) * static_cast<double>(E) * static_cast<double>(router_.cols));
     float* logits = logits_.ensure(static_cast<size_t>(T * E));
     kernels::linear_forward(*table_, router_, x, T, logits);
     if (!router_bias_.empty())
@@ -80,6 +91,12 @@ class SwigluMoe final : public FeedForward {
     chosen_.assign(static_cast<size_t>(E), 0);
     for (int32_t id : ids_) chosen_[static_cast<size_t>(id)] = 1;
     const auto n = static_cast<uint64_t>(std::count(chosen_.begin(), chosen_.end(), 1));
+    if (profile_) {
+      // gate, up and down: 3 · 2 · I · H flops per token and expert.
+      const double I = static_cast<double>(experts_.experts().expert(0).down.cols);
+      scope.emplace(profile_, ProfileOp::experts, static_cast<double>(n * expert_bytes()),
+                    6.0 * static_cast<double>(T) * k * I * static_cast<double>(router_.cols));
+    }
     experts_.forward(x, T, k, ids_.data(), weights_.data(), y);
     if (shared_) {
       const int64_t H = router_.cols;
@@ -97,6 +114,10 @@ class SwigluMoe final : public FeedForward {
            (shared_ ? shared_->fixed_bytes() : 0);
   }
   size_t per_token_bytes() const override { return static_cast<size_t>(config_.top_k) * expert_bytes(); }
+  void set_profile(StepProfile* profile) override {
+    profile_ = profile;
+    if (shared_) shared_->set_profile(profile);
+  }
 
  private:
   size_t expert_bytes() const { return experts_.experts().expert(0).bytes(); }
@@ -107,6 +128,7 @@ class SwigluMoe final : public FeedForward {
   LlmRouterConfig config_;
   moe::RoutedExperts experts_;
   std::unique_ptr<DenseSwiglu> shared_;  // null = no shared experts
+  StepProfile* profile_ = nullptr;
   Buffer<float> logits_, shared_out_;
   std::vector<int32_t> ids_;
   std::vector<float> weights_;

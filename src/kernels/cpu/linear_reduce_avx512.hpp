@@ -1,0 +1,63 @@
+// The fixed lane tree of linear_lanes.hpp (l + 8, l + 4, l + 2, l + 1) applied to up to 16 accumulators at
+// once: each level adds the same lane pairs as reduce16 does for one accumulator, with two accumulators'
+// halves side by side in one 512-bit register, so a tile's outputs cost about 3 instructions each instead of
+// 11 and keep their bits (each sum is the same two values; f32 addition is commutative). maskz forms: the
+// unmasked shuffle and permute start from an undefined register, which GCC 12 warns about.
+#pragma once
+#include <immintrin.h>
+
+namespace xmoe::kernels::lane_tree {
+
+// out[q] = the tree sum of v[q] for q < count (≤ 16); the missing accumulators count as zeros.
+template <int count>
+inline void reduce_many(const __m512* v, float* out) {
+  static_assert(count >= 1 && count <= 16);
+  const auto at = [&](int q) { return q < count ? v[q] : _mm512_setzero_ps(); };
+  // l + 8: accumulators 2r and 2r + 1 → s8[r] = [a 8 lanes | b 8 lanes].
+  __m512 s8[8];
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r) {
+    const __m512 a = at(2 * r), b = at(2 * r + 1);
+    s8[r] = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xffff, a, b, 0x44),
+                          _mm512_maskz_shuffle_f32x4(0xffff, a, b, 0xee));
+  }
+  // l + 4: s4[r] = [4 lanes of each of accumulators 4r .. 4r + 3].
+  __m512 s4[4];
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r)
+    s4[r] = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(0xffff, s8[2 * r], s8[2 * r + 1], 0x88),
+                          _mm512_maskz_shuffle_f32x4(0xffff, s8[2 * r], s8[2 * r + 1], 0xdd));
+  // l + 2: block b of s2[r] = [2 lanes of accumulator 4·(2r) + b, 2 lanes of accumulator 4·(2r + 1) + b].
+  __m512 s2[2];
+#pragma GCC unroll 2
+  for (int r = 0; r < 2; ++r)
+    s2[r] = _mm512_add_ps(_mm512_shuffle_ps(s4[2 * r], s4[2 * r + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_ps(s4[2 * r], s4[2 * r + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // l + 1: lane 4b + i = accumulator 4i + b.
+  const __m512 s1 = _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // Back to accumulator order: out[q] = lane 4 (q mod 4) + q / 4.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512 sums = _mm512_maskz_permutexvar_ps(0xffff, order, s1);
+  _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << count) - 1), sums);
+}
+
+// y[i · ldy + j] = the tree sum of acc[i][j] for an MR × NR tile of accumulators.
+template <int MR, int NR>
+inline void store_tile(const __m512 (&acc)[MR][NR], float* y, int64_t ldy) {
+  constexpr int kAll = MR * NR;
+  const __m512* flat = &acc[0][0];
+  float sums[kAll];
+  constexpr int kFirst = kAll < 16 ? kAll : 16;
+  reduce_many<kFirst>(flat, sums);
+  if constexpr (kAll > 16) {
+    static_assert(kAll <= 32);
+    reduce_many<kAll - 16>(flat + 16, sums + 16);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = sums[i * NR + j];
+}
+
+}  // namespace xmoe::kernels::lane_tree
