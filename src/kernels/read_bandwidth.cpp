@@ -30,22 +30,10 @@ uint64_t read_slice(const uint64_t* p, size_t n) {
   return s;
 }
 
-}  // namespace
-
-double measure_read_bandwidth_gbs(size_t bytes, int passes) {
-  XMOE_CHECK(bytes >= (size_t{64} << 20), "measure_read_bandwidth_gbs: bytes must be at least 64 MiB, got ",
-             bytes);
-  XMOE_CHECK(passes >= 1, "measure_read_bandwidth_gbs: passes must be at least 1, got ", passes);
-  const size_t n = bytes / sizeof(uint64_t);
-  std::unique_ptr<uint64_t[]> buf(new uint64_t[n]);
+// The median pass rate of `passes` timed passes (after a warm-up pass) over n words at p, each of the OpenMP
+// threads reading its own contiguous slice.
+double median_pass_rate(const uint64_t* p, size_t n, int passes) {
   const int threads = omp_get_max_threads();
-  // First touch by the reading threads, so pages sit where (and as) they will be read.
-#pragma omp parallel num_threads(threads)
-  {
-    const size_t t = static_cast<size_t>(omp_get_thread_num()),
-                 nt = static_cast<size_t>(omp_get_num_threads());
-    for (size_t i = n * t / nt; i < n * (t + 1) / nt; ++i) buf[i] = i;
-  }
   std::vector<double> rates;
   volatile uint64_t sink = 0;
   for (int pass = 0; pass <= passes; ++pass) {
@@ -56,7 +44,7 @@ double measure_read_bandwidth_gbs(size_t bytes, int passes) {
       const size_t t = static_cast<size_t>(omp_get_thread_num()),
                    nt = static_cast<size_t>(omp_get_num_threads());
       const size_t b = n * t / nt, e = n * (t + 1) / nt;
-      total += read_slice(buf.get() + b, e - b);
+      total += read_slice(p + b, e - b);
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     sink = sink + total;
@@ -64,6 +52,39 @@ double measure_read_bandwidth_gbs(size_t bytes, int passes) {
   }
   std::sort(rates.begin(), rates.end());
   return rates[rates.size() / 2];
+}
+
+void check_probe_args(size_t bytes, int passes) {
+  XMOE_CHECK(bytes >= (size_t{64} << 20), "measure_read_bandwidth_gbs: bytes must be at least 64 MiB, got ",
+             bytes);
+  XMOE_CHECK(passes >= 1, "measure_read_bandwidth_gbs: passes must be at least 1, got ", passes);
+}
+
+}  // namespace
+
+double measure_read_bandwidth_gbs(size_t bytes, int passes) {
+  check_probe_args(bytes, passes);
+  const size_t n = bytes / sizeof(uint64_t);
+  std::unique_ptr<uint64_t[]> buf(new uint64_t[n]);
+  const int threads = omp_get_max_threads();
+  // First touch by the reading threads, so pages sit where (and as) they will be read.
+#pragma omp parallel num_threads(threads)
+  {
+    const size_t t = static_cast<size_t>(omp_get_thread_num()),
+                 nt = static_cast<size_t>(omp_get_num_threads());
+    for (size_t i = n * t / nt; i < n * (t + 1) / nt; ++i) buf[i] = i;
+  }
+  return median_pass_rate(buf.get(), n, passes);
+}
+
+double measure_read_bandwidth_gbs(const void* data, size_t bytes, int passes) {
+  check_probe_args(bytes, passes);
+  XMOE_CHECK(data != nullptr, "measure_read_bandwidth_gbs: data is null");
+  // Words from the first 8-byte boundary on (a mapped tensor need not be aligned).
+  const auto addr = reinterpret_cast<uintptr_t>(data);
+  const size_t skip = (8 - addr % 8) % 8;
+  return median_pass_rate(reinterpret_cast<const uint64_t*>(addr + skip), (bytes - skip) / sizeof(uint64_t),
+                          passes);
 }
 
 }  // namespace xmoe::kernels

@@ -10,4 +10,9 @@ namespace xmoe::kernels {
 // pass rate in GB/s (1e9 bytes/s). Throws xmoe::Error when bytes < 64 MiB or passes < 1.
 double measure_read_bandwidth_gbs(size_t bytes = size_t{1} << 30, int passes = 5);
 
+// The same streaming read over memory the caller owns, e.g. a mapped checkpoint file (its page-cache pages
+// and their page-table entries, rather than the probe's anonymous buffer): the median of `passes` passes
+// after one warm-up pass, in GB/s. Throws xmoe::Error when bytes < 64 MiB, passes < 1 or data is null.
+double measure_read_bandwidth_gbs(const void* data, size_t bytes, int passes = 5);
+
 }  // namespace xmoe::kernels
