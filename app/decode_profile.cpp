@@ -27,8 +27,16 @@ namespace {
 
 using kernels::PackedWeight;
 
-double now() {
+double wall_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The calling thread's CPU time: with one thread, the time the ops ran rather than the time they waited for a
+// core on a loaded machine.
+double thread_now() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
 // Bytes a pass reads: the matrix's codes and scales.
@@ -72,6 +80,9 @@ struct AnonymousCopy {
 }  // namespace
 
 int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOptions& o) {
+  XMOE_CHECK(!o.thread_clock || omp_get_max_threads() == 1,
+             "linear-bench --model: --clock thread needs --threads 1");
+  const auto now = o.thread_clock ? thread_now : wall_now;
   const llm::Checkpoint ckpt = llm::Checkpoint::open(o.model);
   const llm::ModelConfig& c = ckpt.config();
   XMOE_CHECK(c.num_experts > 0 && c.num_experts_per_tok > 0, "linear-bench --model: ", o.model,
@@ -109,7 +120,7 @@ int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOpt
   const PackedWeight lm_head = c.tie_word_embeddings
                                    ? loader.matrix("model.embed_tokens.weight", c.vocab_size, H)
                                    : loader.matrix("lm_head.weight", c.vocab_size, H);
-  std::fprintf(stderr, "loaded %s views in %.2f s\n", o.model.c_str(), now() - t_load);
+  std::fprintf(stderr, "loaded %s views in %.2f s\n", o.model.c_str(), wall_now() - t_load);
 
   // madvise over every weight the step reads (codes and scales), page-aligned.
   if (o.madvise != "none") {
@@ -119,7 +130,7 @@ int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOpt
                                                    : -1;
     XMOE_CHECK(advice >= 0, "linear-bench: unknown --madvise ", o.madvise);
     size_t failures = 0, calls = 0;
-    const double t0 = now();
+    const double t0 = wall_now();
     const auto each = [&](const PackedWeight& w) {
       if (w.data == nullptr) return;
       ++calls;
@@ -141,7 +152,7 @@ int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOpt
     }
     each(lm_head);
     std::fprintf(stderr, "madvise %s over %zu weights: %zu calls failed (%s), %.2f s\n", o.madvise.c_str(),
-                 calls, failures, failures ? std::strerror(errno) : "ok", now() - t0);
+                 calls, failures, failures ? std::strerror(errno) : "ok", wall_now() - t0);
   }
 
   const double probe = kernels::measure_read_bandwidth_gbs();
@@ -216,8 +227,9 @@ int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOpt
     totals.push_back(sum);
   }
 
-  std::printf("decode step at batch 1, %d threads, %s: weight ops per class (medians of %d steps)\n",
-              omp_get_max_threads(), o.model.c_str(), o.steps);
+  std::printf(
+      "decode step at batch 1, %d threads, %s clock, %s: weight ops per class (medians of %d steps)\n",
+      omp_get_max_threads(), o.thread_clock ? "thread" : "wall", o.model.c_str(), o.steps);
   std::printf("read probe: %.2f GB/s anonymous buffer; %.2f GB/s over the mapped lm_head (%.0f MB)\n", probe,
               mapped_probe, mb(head_bytes));
   std::printf("%-20s %10s %10s %9s %9s\n", "op class", "ms/step", "MB/step", "GB/s", "of probe");

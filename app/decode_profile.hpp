@@ -14,6 +14,7 @@ struct DecodeProfileOptions {
   std::string model;              // checkpoint directory
   int steps = 7;                  // timed steps (medians), after one warm-up step
   std::string madvise = "none";   // none | hugepage | sequential | willneed: on the weights
+  bool thread_clock = false;      // the calling thread's CPU time (one thread) instead of wall time
   bool compare_anonymous = true;  // also time lm_head and the experts over anonymous copies
 };
 

@@ -140,6 +140,7 @@ int run_linear_bench(const LinearBenchOptions& o) {
     p.model = o.model;
     p.steps = o.reps;
     p.madvise = o.madvise;
+    p.thread_clock = thread_clock;
     return run_decode_profile(table, p);
   }
   if (!o.rows.empty()) {
