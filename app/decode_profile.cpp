@@ -199,7 +199,7 @@ int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOpt
                                                c.intermediate_size > 0 ? c.intermediate_size : 1, H})));
   for (int j = 0; j < K; ++j) std::copy(x.begin(), x.begin() + H, xk.begin() + j * H);
   std::vector<float> act(static_cast<size_t>(std::max<int64_t>(c.intermediate_size, 1)));
-  std::vector<moe::ExpertRange> ranges(static_cast<size_t>(K));
+  std::vector<moe::ExpertRange> ranges(static_cast<size_t>(K)), other(static_cast<size_t>(K));
   std::vector<float> gu(static_cast<size_t>(K * 2 * I));
   const auto step = [&](int s, double* t) {
     const auto timed = [&](Class cl, const auto& run) {
@@ -218,24 +218,39 @@ int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOpt
           const int e = (j * (E / K) + s * 5 + static_cast<int>(l) * 3) % E;
           ranges[static_cast<size_t>(j)] = {e, j, j + 1};
         }
-        timed(kExperts, [&] { L.experts->forward_rows(xk.data(), ranges, K, yk.data()); });
         // The same products scheduled expert-major: each thread runs whole experts (gate, up, activation,
         // down), so a layer has one join instead of a barrier between gate/up and down, and each call
-        // streams a whole matrix. Other experts than the line above, so neither finds the other's in cache.
-        for (int j = 0; j < K; ++j)
-          ranges[static_cast<size_t>(j)].expert = (ranges[static_cast<size_t>(j)].expert + E / 2) % E;
-        timed(kExpertMajor, [&] {
+        // streams a whole matrix. Other experts than the model's schedule gets (neither finds the other's in
+        // cache), and the two go first on alternate steps (A/B).
+        for (int j = 0; j < K; ++j) {
+          const auto jj = static_cast<size_t>(j);
+          other[jj] = ranges[jj];
+          other[jj].expert = (ranges[jj].expert + E / 2) % E;
+        }
+        const auto model_schedule = [&] {
+          timed(kExperts, [&] { L.experts->forward_rows(xk.data(), ranges, K, yk.data()); });
+        };
+        const auto expert_major = [&] {
+          timed(kExpertMajor, [&] {
 #pragma omp parallel for schedule(static) num_threads(omp_get_max_threads())
-          for (int j = 0; j < K; ++j) {
-            const moe::SwigluWeights& w =
-                L.experts->expert(static_cast<int>(ranges[static_cast<size_t>(j)].expert));
-            float* g = gu.data() + static_cast<size_t>(j) * 2 * I;
-            kernels::linear_forward_columns(table, w.gate, xk.data() + j * H, 1, H, 0, I, g, I);
-            kernels::linear_forward_columns(table, w.up, xk.data() + j * H, 1, H, 0, I, g + I, I);
-            table.silu_mul_f32(g, g + I, g, I);
-            kernels::linear_forward_columns(table, w.down, g, 1, I, 0, H, yk.data() + j * H, H);
-          }
-        });
+            for (int j = 0; j < K; ++j) {
+              const moe::SwigluWeights& w =
+                  L.experts->expert(static_cast<int>(other[static_cast<size_t>(j)].expert));
+              float* g = gu.data() + static_cast<size_t>(j) * 2 * I;
+              kernels::linear_forward_columns(table, w.gate, xk.data() + j * H, 1, H, 0, I, g, I);
+              kernels::linear_forward_columns(table, w.up, xk.data() + j * H, 1, H, 0, I, g + I, I);
+              table.silu_mul_f32(g, g + I, g, I);
+              kernels::linear_forward_columns(table, w.down, g, 1, I, 0, H, yk.data() + j * H, H);
+            }
+          });
+        };
+        if (s % 2 == 0) {
+          model_schedule();
+          expert_major();
+        } else {
+          expert_major();
+          model_schedule();
+        }
       } else {
         timed(kDense, [&] {
           kernels::linear_forward(table, L.dense[0], x.data(), 1, act.data());
