@@ -39,7 +39,7 @@ double thread_now() {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
-// Bytes a pass reads: the matrix's codes and scales.
+// Decimal megabytes, as generate prints weights per token.
 double mb(size_t bytes) {
   return static_cast<double>(bytes) / 1e6;
 }
@@ -51,12 +51,12 @@ struct Layer {
   std::vector<PackedWeight> dense;  // gate, up, down of a dense MLP layer
 };
 
-// The page-aligned range covering [p, p + bytes).
-void advise(const std::byte* p, size_t bytes, int advice, size_t& failures) {
+// madvise takes whole pages: the advice goes to every page [p, p + bytes) touches, neighbours' included.
+void advise(const std::byte* p, size_t bytes, int advice, size_t& failures, int& first_errno) {
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const auto b = reinterpret_cast<uintptr_t>(p) / page * page;
   const auto e = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) / page * page;
-  if (::madvise(reinterpret_cast<void*>(b), e - b, advice) != 0) ++failures;
+  if (::madvise(reinterpret_cast<void*>(b), e - b, advice) != 0 && failures++ == 0) first_errno = errno;
 }
 
 // A copy of w's codes and scales in anonymous memory (4 KiB pages, as the read probe's buffer).
@@ -145,17 +145,19 @@ int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOpt
                                                    : -1;
     XMOE_CHECK(advice >= 0, "linear-bench: unknown --madvise ", o.madvise);
     size_t failures = 0, calls = 0;
+    int first_errno = 0;
     const double t0 = wall_now();
     const auto each = [&](const PackedWeight& w) {
       if (w.data == nullptr) return;
       ++calls;
-      advise(w.data, static_cast<size_t>(w.rows * w.row_bytes), advice, failures);
+      advise(w.data, static_cast<size_t>(w.rows * w.row_bytes), advice, failures, first_errno);
       if (w.scales != nullptr)
-        advise(w.scales, w.bytes() - static_cast<size_t>(w.rows * w.row_bytes), advice, failures);
+        advise(w.scales, w.bytes() - static_cast<size_t>(w.rows * w.row_bytes), advice, failures,
+               first_errno);
     };
     for (const PackedWeight& w : all) each(w);
     std::fprintf(stderr, "madvise %s over %zu weights: %zu calls failed (%s), %.2f s\n", o.madvise.c_str(),
-                 calls, failures, failures ? std::strerror(errno) : "ok", wall_now() - t0);
+                 calls, failures, failures ? std::strerror(first_errno) : "ok", wall_now() - t0);
   }
 
   // Page every weight in (and map it) before timing, as generate --warmup does: the first touch of a page
