@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli_checks.hpp"
+#include "decode_profile.hpp"
 #include "kernels/cpu_features.hpp"
 #include "kernels/kernels.hpp"
 #include "kernels/linear.hpp"
@@ -113,6 +114,13 @@ CLI::App* add_linear_bench_subcommand(CLI::App& app, LinearBenchOptions& o) {
                   "and the read bandwidth")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--model", o.model,
+                  "instead: one batch-1 decode step of this Qwen3-MoE checkpoint's weights, per op class "
+                  "(attention, router, experts, lm_head) against the read probe, mapped vs anonymous")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--madvise", o.madvise, "with --model: advice on the mapped weights first")
+      ->check(CLI::IsMember({"none", "hugepage", "sequential", "willneed"}))
+      ->capture_default_str();
   return cmd;
 }
 
@@ -127,6 +135,14 @@ int run_linear_bench(const LinearBenchOptions& o) {
                                           : kernels::kernel_table(kernels::parse_isa(o.isa), features);
   std::printf("cpu: %s, kernel level %s, %d threads, %s clock\n", features.str().c_str(),
               kernels::isa_name(table.isa), o.threads, o.clock.c_str());
+  if (!o.model.empty()) {
+    DecodeProfileOptions p;
+    p.model = o.model;
+    p.steps = o.reps;
+    p.madvise = o.madvise;
+    p.thread_clock = thread_clock;
+    return run_decode_profile(table, p);
+  }
   if (!o.rows.empty()) {
     run_linear_rows_bench(table, features, o.threads, o.reps, o.rows);
     return 0;

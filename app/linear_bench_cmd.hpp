@@ -16,6 +16,8 @@ struct LinearBenchOptions {
   std::string isa;             // "" = best
   std::string clock = "wall";  // or "thread": the thread's CPU time (one thread)
   std::vector<int64_t> rows;   // non-empty: the row sweep of linear_rows_bench.hpp instead
+  std::string model;           // non-empty: the per-op decode-step profile of decode_profile.hpp instead
+  std::string madvise = "none";
 };
 
 CLI::App* add_linear_bench_subcommand(CLI::App& app, LinearBenchOptions& o);

@@ -15,6 +15,12 @@ the baseline of the ratios: decode tok/s over the baseline's, the baseline's byt
 (what decode would gain if it were purely bandwidth-bound; the goal is a tok/s ratio ≥ 0.9 × the bytes ratio),
 and prefill tok/s over the baseline's. Prints the CPU and the load average before and after. Standard library
 only (CI has no virtualenv).
+
+With --profile, each format also gets `xmoe linear-bench --model DIR` (the same threads): one batch-1 decode
+step's weight-reading ops per class (attention projections, router, routed experts, lm_head) over the
+checkpoint's mapped weights, time, bytes and GB/s against that run's read probe, and the rest of a decoded
+token (attention over the cache, norms, routing, sampler, engine) as the generate run's time per token minus
+the weight ops' time.
 """
 import argparse
 import json
@@ -33,6 +39,8 @@ PATTERNS = {
             r"([\d.]+) GB mapped file pages\)",
 }
 FORMATS = ("bf16", "fp8-block", "mxfp4", "nvfp4")
+PROFILE_ROW = re.compile(r"^(.+?)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%$")
+PROFILE_PROBE = re.compile(r"read probe: ([\d.]+) GB/s anonymous buffer.*?; ([\d.]+) GB/s over the mapped lm_head")
 
 
 def write_checkpoints(xmoe, config, workdir, seed):
@@ -80,6 +88,23 @@ def run(xmoe, directory, threads, prompt_len, decode):
     return row
 
 
+def profile(xmoe, directory, threads, steps):
+    """{op class: (ms/step, MB/step, GB/s, % of probe)} and (anonymous, mapped) probe GB/s of one profile run."""
+    env = dict(os.environ)
+    env.setdefault("OMP_WAIT_POLICY", "passive")
+    out = subprocess.run([xmoe, "linear-bench", "--model", directory, "--threads", str(threads), "--reps", str(steps)],
+                         capture_output=True, text=True, check=True, env=env).stdout
+    rows = {}
+    for line in out.splitlines():
+        m = PROFILE_ROW.match(line.strip())
+        if m:
+            rows[m.group(1).strip()] = tuple(float(m.group(i)) for i in range(2, 6))
+    probe = PROFILE_PROBE.search(out)
+    if not rows or not probe:
+        sys.exit(f"{directory}: no profile in the output of linear-bench --model:\n{out}")
+    return rows, (float(probe.group(1)), float(probe.group(2)))
+
+
 def median_row(runs):
     return {key: [statistics.median(r[key][i] for r in runs) for i in range(len(runs[0][key]))] for key in runs[0]}
 
@@ -94,6 +119,8 @@ def main():
     p.add_argument("--config", help="write the checkpoints of this config.json (with --workdir)")
     p.add_argument("--workdir", help="where --config's checkpoints are written (reused when present)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", action="store_true", help="also the per-op breakdown of a decode step")
+    p.add_argument("--profile-steps", type=int, default=9, help="timed decode steps of each profile")
     p.add_argument("checkpoints", nargs="*", help="format=directory; the first is the baseline")
     a = p.parse_args()
     specs = list(a.checkpoints)
@@ -106,11 +133,14 @@ def main():
     info = subprocess.run([a.xmoe, "info"], capture_output=True, text=True).stdout.splitlines()
     load_before = os.getloadavg()
     rows = []
+    profiles = {}
     for spec in specs:
         name, directory = spec.split("=", 1)
         warm_page_cache(directory)
         runs = [run(a.xmoe, directory, a.threads, a.prompt, a.decode) for _ in range(a.repeats)]
         rows.append((name, median_row(runs)))
+        if a.profile:
+            profiles[name] = profile(a.xmoe, directory, a.threads, a.profile_steps)
         decodes = ", ".join(f"{r['decode'][0]:.2f}" for r in runs)
         print(f"{name}: done ({decodes} decode tok/s)", file=sys.stderr)
     load_after = os.getloadavg()
@@ -129,6 +159,22 @@ def main():
               f"| {tok_ratio:.2f} | {bytes_ratio:.2f} | {tok_ratio / bytes_ratio:.2f} | {r['prefill'][0]:.1f} "
               f"| {r['prefill'][0] / base['prefill'][0]:.2f} | {r['load'][0]:.2f} "
               f"| {r['load'][2]:.2f} ({r['load'][3]:.2f} + {r['load'][4]:.2f}) |")
+
+    for name, r in rows:
+        if name not in profiles:
+            continue
+        classes, (anon, mapped) = profiles[name]
+        token_ms = 1000.0 / r["decode"][0]
+        step = next((v for k, v in classes.items() if k.startswith("step")), None)
+        print(f"\n{name}: one decode step's weight ops (linear-bench --model, {a.threads} threads; read probe "
+              f"{anon:.2f} GB/s anonymous, {mapped:.2f} GB/s over the mapped lm_head)")
+        print("| op class | ms/token | MB/token | GB/s | of probe |")
+        print("|---|---|---|---|---|")
+        for k, (ms, mb, gbs, share) in classes.items():
+            print(f"| {k} | {ms:.2f} | {mb:.1f} | {gbs:.2f} | {share:.1f} % |")
+        if step:
+            print(f"| rest of a token (generate's {token_ms:.2f} ms/token - weight ops) | {token_ms - step[0]:.2f} | "
+                  f"| | |")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <ctime>
 #include <memory>
 #include <vector>
 
@@ -30,12 +31,48 @@ uint64_t read_slice(const uint64_t* p, size_t n) {
   return s;
 }
 
-}  // namespace
+// The median pass rate of `passes` timed passes (after a warm-up pass) over n words at p, each of the OpenMP
+// threads reading its own contiguous slice.
+double median_pass_rate(const uint64_t* p, size_t n, int passes, bool thread_clock) {
+  const auto now = [thread_clock] {
+    if (thread_clock) {
+      timespec t{};
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+      return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
+  const int threads = omp_get_max_threads();
+  std::vector<double> rates;
+  volatile uint64_t sink = 0;
+  for (int pass = 0; pass <= passes; ++pass) {
+    uint64_t total = 0;
+    const double t0 = now();
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    {
+      const size_t t = static_cast<size_t>(omp_get_thread_num()),
+                   nt = static_cast<size_t>(omp_get_num_threads());
+      const size_t b = n * t / nt, e = n * (t + 1) / nt;
+      total += read_slice(p + b, e - b);
+    }
+    const double s = now() - t0;
+    sink = sink + total;
+    if (pass > 0) rates.push_back(static_cast<double>(n * sizeof(uint64_t)) / s / 1e9);
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
 
-double measure_read_bandwidth_gbs(size_t bytes, int passes) {
+void check_probe_args(size_t bytes, int passes) {
   XMOE_CHECK(bytes >= (size_t{64} << 20), "measure_read_bandwidth_gbs: bytes must be at least 64 MiB, got ",
              bytes);
   XMOE_CHECK(passes >= 1, "measure_read_bandwidth_gbs: passes must be at least 1, got ", passes);
+}
+
+}  // namespace
+
+double measure_read_bandwidth_gbs(size_t bytes, int passes) {
+  check_probe_args(bytes, passes);
   const size_t n = bytes / sizeof(uint64_t);
   std::unique_ptr<uint64_t[]> buf(new uint64_t[n]);
   const int threads = omp_get_max_threads();
@@ -46,24 +83,19 @@ double measure_read_bandwidth_gbs(size_t bytes, int passes) {
                  nt = static_cast<size_t>(omp_get_num_threads());
     for (size_t i = n * t / nt; i < n * (t + 1) / nt; ++i) buf[i] = i;
   }
-  std::vector<double> rates;
-  volatile uint64_t sink = 0;
-  for (int pass = 0; pass <= passes; ++pass) {
-    uint64_t total = 0;
-    const auto t0 = std::chrono::steady_clock::now();
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-    {
-      const size_t t = static_cast<size_t>(omp_get_thread_num()),
-                   nt = static_cast<size_t>(omp_get_num_threads());
-      const size_t b = n * t / nt, e = n * (t + 1) / nt;
-      total += read_slice(buf.get() + b, e - b);
-    }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    sink = sink + total;
-    if (pass > 0) rates.push_back(static_cast<double>(n * sizeof(uint64_t)) / s / 1e9);
-  }
-  std::sort(rates.begin(), rates.end());
-  return rates[rates.size() / 2];
+  return median_pass_rate(buf.get(), n, passes, false);
+}
+
+double measure_read_bandwidth_gbs(const void* data, size_t bytes, int passes, bool thread_clock) {
+  check_probe_args(bytes, passes);
+  XMOE_CHECK(data != nullptr, "measure_read_bandwidth_gbs: data is null");
+  XMOE_CHECK(!thread_clock || omp_get_max_threads() == 1,
+             "measure_read_bandwidth_gbs: the thread clock times one thread, not ", omp_get_max_threads());
+  // Words from the first 8-byte boundary on (a mapped tensor need not be aligned).
+  const auto addr = reinterpret_cast<uintptr_t>(data);
+  const size_t skip = (8 - addr % 8) % 8;
+  return median_pass_rate(reinterpret_cast<const uint64_t*>(addr + skip), (bytes - skip) / sizeof(uint64_t),
+                          passes, thread_clock);
 }
 
 }  // namespace xmoe::kernels

@@ -10,4 +10,11 @@ namespace xmoe::kernels {
 // pass rate in GB/s (1e9 bytes/s). Throws xmoe::Error when bytes < 64 MiB or passes < 1.
 double measure_read_bandwidth_gbs(size_t bytes = size_t{1} << 30, int passes = 5);
 
+// The same streaming read over memory the caller owns, e.g. a mapped checkpoint file (its page-cache pages
+// and their page-table entries, rather than the probe's anonymous buffer): the median of `passes` passes
+// after one warm-up pass, in GB/s. thread_clock: passes timed by the calling thread's CPU time, for one
+// OpenMP thread on a loaded machine (the time it streamed, not the time it waited for a core). Throws
+// xmoe::Error when bytes < 64 MiB, passes < 1, data is null, or thread_clock with more than one thread.
+double measure_read_bandwidth_gbs(const void* data, size_t bytes, int passes = 5, bool thread_clock = false);
+
 }  // namespace xmoe::kernels
