@@ -20,6 +20,9 @@
 
 #include "kernels/kernels.hpp"
 #include "xmoe/error.hpp"
+#ifdef __AVX2__
+#include "kernels/cpu/gemm_pack_avx2.hpp"
+#endif
 
 namespace xmoe::kernels {
 // Internal linkage: every ISA file instantiates these templates with its own compiler flags, and a shared
@@ -62,7 +65,16 @@ template <int R, int KP, class P, class In>
 void pack_rows(const In* src, int64_t ld, int64_t count, int64_t depth, P* panel) {
   constexpr int64_t kBlock = 64 / sizeof(In) / KP;  // slots per 64-byte stretch of a source row
   const int64_t whole = depth / KP;
-  for (int64_t s0 = 0; s0 < whole; s0 += kBlock) {
+  int64_t done = 0;  // slots the vector transpose packed
+#ifdef __AVX2__
+  if constexpr (kPackRowsAvx2<R, KP, P, In>) {
+    if (count == R) {
+      done = whole / 8 * 8;
+      pack_rows_avx2<R, KP>(src, ld, R / 8, done, panel);
+    }
+  }
+#endif
+  for (int64_t s0 = done; s0 < whole; s0 += kBlock) {
     const int64_t s1 = std::min(whole, s0 + kBlock);
     for (int64_t i = 0; i < count; ++i) {
       const In* row = src + i * ld;
