@@ -1,9 +1,10 @@
 // Transposing packer for GEMM operands whose k runs along the rows (op(B) = Bᵀ, untransposed op(A)), in
 // 8 × 8 blocks of 32-bit units with AVX2 shuffles: an f32 value, a bf16 value widened to f32, or a bf16
-// k-pair (VDPBF16PS's unit). The scalar transpose stores one value at a time, which at the experts' mid
-// shapes (64–512 rows, where op(B) is a 2048 × 2048 weight packed for few rows) cost about a sixth of the
-// GEMM's time on Zen 4. Only data movement: the packed values are bit-identical to pack_rows's.
-// Included by gemm_blocking.hpp; every ISA file that runs the blocked GEMM has AVX2.
+// k-pair (VDPBF16PS's unit). It serves micro-panels of a multiple of 8 rows, which in practice are op(B)'s
+// (nr = 16, 32, 64; the mr = 6 and 14 op(A) panels keep the scalar transpose). The scalar transpose stores
+// one value at a time, which at the experts' mid shapes (64–512 rows, where op(B) is a 2048 × 2048 weight
+// packed for few rows) cost about a sixth of the GEMM's time on Zen 4. Only data movement: the packed values
+// are bit-identical to pack_rows's. Included by gemm_blocking.hpp where the ISA file is built with AVX2.
 #pragma once
 #include <immintrin.h>
 
