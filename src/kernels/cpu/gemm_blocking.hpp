@@ -311,9 +311,11 @@ void gemm_blocked(const GemmArgs<In, float>& g, GemmBlocking blk, int flops_per_
       // When every thread's rows fit one op(A) block of mc_once rows (the experts' mid shapes), op(A) is
       // packed once per k block and op(B) blocks are cut to nc_small columns, so that the block just packed
       // is still in L2 when the kernel reads it; the k blocks then run outermost. The row count each thread
-      // can have, not its own, decides, so that a team sharing op(B) blocks walks them in one order.
+      // can have, not its own, decides. A team sharing op(B) keeps the tall path: the narrow blocks would
+      // cost a barrier each (64 for 512 × 2048 × 2048 on two threads, which ran at a fifth of the speed on
+      // a loaded machine, where each barrier can wait for a descheduled thread).
       const int64_t rows_max = ceil_div(ceil_div(m, MR), tm) * MR;
-      const bool a_once = rows_max <= mc_once;
+      const bool a_once = !shared_b && rows_max <= mc_once;
       const int64_t ncb = a_once ? nc_once : nc, kcb = a_once ? kc_once : kc, mcb = a_once ? mc_once : mc;
       int64_t block = 0;
       auto step = [&](int64_t jc, int64_t pc, bool pack_a_now) {
