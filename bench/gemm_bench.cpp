@@ -7,11 +7,13 @@
 // the f32 FMA's for the rest (avx2/avx512 widen bf16 to f32 while packing).
 //
 //   gemm_bench [--threads 1,2] [--reps 5] [--shapes 8192x2048x2048:NN,...] [--dtypes f32,bf16]
-//              [--clock wall|thread|process] [--variants ...]      (--help lists the defaults)
+//              [--clock wall|thread|process] [--variants ...] [--isa avx2|avx512|avx512_bf16]
+//              (--help lists the defaults)
 //
 // Built by CMake when libdnnl-dev or libopenblas-dev is installed (target gemm_bench).
 #include <omp.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -32,6 +34,7 @@
 #ifdef XMOE_HAVE_OPENBLAS
 #include <cblas.h>
 extern "C" void openblas_set_num_threads(int);  // OpenBLAS's own; not in every cblas.h
+extern "C" char* openblas_get_corename();
 #endif
 
 namespace {
@@ -239,6 +242,9 @@ void bench_shape(const BenchShape& s, const std::vector<Variant<In>>& variants, 
 constexpr const char* kUsage =
     "usage: gemm_bench [--threads 1,2] [--reps 5] [--shapes MxNxK[:TT],...] [--dtypes f32,bf16]\n"
     "                  [--clock wall|thread|process] [--variants avx2,avx512,avx512_bf16,onednn,openblas]\n"
+    "                  [--isa avx2|avx512|avx512_bf16]\n"
+    "  isa: the highest level for our kernels and the peers alike (oneDNN's max CPU ISA, OpenBLAS's core\n"
+    "  type: the program re-runs itself with OPENBLAS_CORETYPE set, which OpenBLAS reads when it loads)\n"
     "  clock thread: time the calling thread's CPU time (kernels and peaks; needs --threads 1), which\n"
     "  leaves out the time a loaded machine kept the thread waiting (the in-cache probe stays on the wall\n"
     "  clock); clock process: the process's CPU time per thread, the same for a team (it also leaves out\n"
@@ -263,6 +269,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> dtypes = {"f32", "bf16"};
   PeakClock clock = PeakClock::wall;
   std::vector<std::string> only;  // --variants: the contenders to run (default all)
+  const CpuFeatures f = detect_cpu_features();
+  Isa cap = best_isa(f);  // --isa: the highest level any contender may run
   for (int i = 1; i < argc; i += 2) {
     const std::string key = argv[i];
     if (key == "--help" || key == "-h") {
@@ -285,6 +293,8 @@ int main(int argc, char** argv) {
       dtypes = split(value, ',');
     } else if (key == "--variants") {
       only = split(value, ',');
+    } else if (key == "--isa") {
+      cap = std::min(parse_isa(value), best_isa(f));
     } else if (key == "--clock" && (value == "wall" || value == "thread" || value == "process")) {
       clock = value == "wall"     ? PeakClock::wall
               : value == "thread" ? PeakClock::thread_cpu
@@ -297,24 +307,42 @@ int main(int argc, char** argv) {
   if (shapes.empty()) {
     for (const char* s : kDefaultShapes) shapes.push_back(parse_shape(s));
   }
-
-  const CpuFeatures f = detect_cpu_features();
-  std::printf("cpu: %s\n", f.str().c_str());
+  // A peer capped below its own best must be capped before it first runs. OpenBLAS picks its kernels when
+  // the library loads, so the program runs itself again with the core type in its environment.
+  const bool capped = cap < best_isa(f);
+#ifdef XMOE_HAVE_OPENBLAS
+  if (capped && std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+    setenv("OPENBLAS_CORETYPE", cap == Isa::avx2 ? "Haswell" : "SkylakeX", 1);
+    execv("/proc/self/exe", argv);
+    std::perror("gemm_bench: re-running with OPENBLAS_CORETYPE");
+    return 1;
+  }
+#endif
+#ifdef XMOE_HAVE_DNNL
+  if (capped)
+    dnnl::set_max_cpu_isa(cap == Isa::avx2     ? dnnl::cpu_isa::avx2
+                          : cap == Isa::avx512 ? dnnl::cpu_isa::avx512_core
+                                               : dnnl::cpu_isa::avx512_core_bf16);
+#endif
+  std::printf("cpu: %s; contenders capped at %s\n", f.str().c_str(), isa_name(cap));
+#ifdef XMOE_HAVE_OPENBLAS
+  std::printf("openblas core: %s\n", openblas_get_corename());
+#endif
   std::vector<Variant<float>> f32_variants;
   std::vector<Variant<bf16>> bf16_variants;
   KernelTable best;  // the GEMM entries kernel_table.cpp would pick for this CPU
   best.gemm_f32 = reference::gemm_f32, best.gemm_bf16 = reference::gemm_bf16;
-  if (f.has_avx2()) {
+  if (f.has_avx2() && cap >= Isa::avx2) {
     f32_variants.push_back({"avx2", avx2::gemm_f32, false});
     bf16_variants.push_back({"avx2", avx2::gemm_bf16, false});
     best.gemm_f32 = avx2::gemm_f32, best.gemm_bf16 = avx2::gemm_bf16;
   }
-  if (f.has_avx512()) {
+  if (f.has_avx512() && cap >= Isa::avx512) {
     f32_variants.push_back({"avx512", avx512::gemm_f32, false});
     bf16_variants.push_back({"avx512", avx512::gemm_bf16, false});
     best.gemm_f32 = avx512::gemm_f32, best.gemm_bf16 = avx512::gemm_bf16;
   }
-  if (f.has_avx512_bf16()) {
+  if (f.has_avx512_bf16() && cap >= Isa::avx512_bf16) {
     bf16_variants.push_back({"avx512_bf16", avx512_bf16::gemm_bf16, true});
     best.gemm_bf16 = avx512_bf16::gemm_bf16;
   }
@@ -337,8 +365,9 @@ int main(int argc, char** argv) {
     for (const BenchShape& s : shapes) {
       // Re-measured before each shape: the load on a shared machine drifts over a run.
       Ceilings ceil{};
-      ceil.f32_fma = register_fma_peak_gflops(f.has_avx512() ? Isa::avx512 : Isa::avx2, f, t, 0.2, clock);
-      ceil.bf16_dot = f.has_avx512_bf16() ? register_bf16_dot_peak_gflops(f, t, 0.2, clock) : ceil.f32_fma;
+      ceil.f32_fma = register_fma_peak_gflops(cap >= Isa::avx512 ? Isa::avx512 : Isa::avx2, f, t, 0.2, clock);
+      ceil.bf16_dot =
+          cap >= Isa::avx512_bf16 ? register_bf16_dot_peak_gflops(f, t, 0.2, clock) : ceil.f32_fma;
       std::printf("%s  threads=%d  FMA peak: f32 %.1f, VDPBF16PS %.1f GFLOP/s\n", s.str().c_str(), t,
                   ceil.f32_fma, ceil.bf16_dot);
       for (const std::string& d : dtypes) {

@@ -140,10 +140,12 @@ struct Shape3 {
 };
 
 // Single elements, primes, sizes one off the 14 × 32 / 6 × 16 tiles and the kc = 256 / 512 blocks, more rows
-// than one mc block, more columns than one nc block, and k = 0.
+// than one mc block, more columns than one nc block, and k = 0. Up to 256 rows take the few-rows path (one
+// op(A) block, narrow op(B) blocks, k blocks outermost); 301 rows the tall one, over several mc and kc
+// blocks.
 const Shape3 kShapes[] = {{1, 1, 1},     {1, 1, 7},     {1, 37, 1},    {5, 1, 3},     {3, 5, 0},
                           {14, 32, 256}, {15, 33, 257}, {13, 31, 255}, {29, 97, 101}, {6, 16, 513},
-                          {41, 71, 259}, {181, 17, 20}, {3, 2081, 5},  {2, 3, 1030}};
+                          {41, 71, 259}, {181, 17, 20}, {3, 2081, 5},  {2, 3, 1030},  {301, 70, 1100}};
 
 bool supported(const Variant& v) {
   return isa_supported(detect_cpu_features(), v.isa);
@@ -193,8 +195,10 @@ void check_thread_count_invariance(void (*gemm)(const GemmArgs<In, float>&)) {
   ThreadCountGuard guard;
   // Tall products (every thread multiplies the same op(B) block, packed once by the team): several kc
   // blocks, so each of the two shared op(B) buffers is reused, an nc edge, and edge panels split over
-  // threads; then a wide one, split over columns.
-  const Shape3 shapes[] = {{150, 90, 517}, {60, 2100, 1100}, {9, 400, 300}};
+  // threads; then a wide one, split over columns. 150 rows take the few-rows path on one thread and the
+  // tall one, op(B) shared, on two and three: the two walk the blocks in different orders. 530 rows take the
+  // tall path with several mc blocks a thread.
+  const Shape3 shapes[] = {{150, 90, 517}, {60, 2100, 1100}, {9, 400, 300}, {530, 150, 1100}};
   for (const Shape3& s : shapes) {
     for (int trans = 0; trans < 4; ++trans) {
       const Problem<In> p(s.m, s.n, s.k, trans & 1, trans & 2, trans == 1, 3, 77 + trans);

@@ -71,7 +71,10 @@ struct KernelF32 {
 
 using Kernel = KernelF32<6, 2>;
 // kc = 512 (a 32 KiB op(B) micro-panel, streamed with the prefetch above) measured a few % ahead of 256.
-constexpr GemmBlocking kBlocking{.mc = 6 * 24, .kc = 512, .nc = 2048};
+// Few rows: a 512 KiB op(A) block and 256 KiB op(B) blocks (swept on one Zen 4 core at 64–512 × 2048 × 2048:
+// nc_small 128 ahead of 64, 192, 256, 512 and 2048; kc_once 512 ahead of 256).
+constexpr GemmBlocking kBlocking{
+    .mc = 6 * 24, .kc = 512, .nc = 2048, .mc_once = 256, .kc_once = 512, .nc_small = 128};
 constexpr int kMacsPerPackedElement = 16;
 
 }  // namespace

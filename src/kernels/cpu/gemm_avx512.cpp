@@ -57,7 +57,9 @@ struct KernelF32 {
 };
 
 using Kernel = KernelF32<14, 2>;
-constexpr GemmBlocking kBlocking{.mc = 14 * 12, .kc = 512, .nc = 2048};
+// Few rows: nc_small 64 (one 128 KiB op(B) block) measured ahead of 128 and 2048 at 64–256 × 2048 × 2048.
+constexpr GemmBlocking kBlocking{
+    .mc = 14 * 12, .kc = 512, .nc = 2048, .mc_once = 256, .kc_once = 512, .nc_small = 64};
 constexpr int kMacsPerPackedElement = 16;
 
 }  // namespace

@@ -20,6 +20,9 @@
 
 #include "kernels/kernels.hpp"
 #include "xmoe/error.hpp"
+#ifdef __AVX2__
+#include "kernels/cpu/gemm_pack_avx2.hpp"
+#endif
 
 namespace xmoe::kernels {
 // Internal linkage: every ISA file instantiates these templates with its own compiler flags, and a shared
@@ -30,6 +33,10 @@ struct GemmBlocking {
   int64_t mc;  // rows of op(A) packed per block (rounded up to the kernel's mr); sized for L2
   int64_t kc;  // k per block (rounded up to the kernel's kpack); fewer C loads and stores as it grows
   int64_t nc;  // columns of op(B) packed per block (rounded up to the kernel's nr); sized for L3
+  // The few-rows path: when a thread has at most mc_once rows (at least mc), they are packed as one op(A)
+  // block kc_once deep, and op(B) is packed nc_small columns at a time (kc_once × nc_small sized to stay in
+  // L2 next to it).
+  int64_t mc_once, kc_once, nc_small;
 };
 
 constexpr int64_t round_up(int64_t x, int64_t m) {
@@ -62,7 +69,16 @@ template <int R, int KP, class P, class In>
 void pack_rows(const In* src, int64_t ld, int64_t count, int64_t depth, P* panel) {
   constexpr int64_t kBlock = 64 / sizeof(In) / KP;  // slots per 64-byte stretch of a source row
   const int64_t whole = depth / KP;
-  for (int64_t s0 = 0; s0 < whole; s0 += kBlock) {
+  int64_t done = 0;  // slots the vector transpose packed
+#ifdef __AVX2__
+  if constexpr (kPackRowsAvx2<R, KP, P, In>) {
+    if (count == R) {
+      done = whole / 8 * 8;
+      pack_rows_avx2<R, KP>(src, ld, R / 8, done, panel);
+    }
+  }
+#endif
+  for (int64_t s0 = done; s0 < whole; s0 += kBlock) {
     const int64_t s1 = std::min(whole, s0 + kBlock);
     for (int64_t i = 0; i < count; ++i) {
       const In* row = src + i * ld;
@@ -266,7 +282,13 @@ void gemm_blocked(const GemmArgs<In, float>& g, GemmBlocking blk, int flops_per_
   const int64_t kc = std::min(round_up(blk.kc, KP), round_up(k, KP));
   const int64_t mc = std::min(round_up(blk.mc, MR), round_up(m, MR));
   const int64_t nc = std::min(round_up(blk.nc, NR), round_up(n, NR));
-  const int64_t a_elems = round_up(mc * kc, 64), b_elems = round_up(kc * nc, 64);
+  // The few-rows path (below): all of a thread's rows in one op(A) block, kc_once deep, and op(B) blocks of
+  // nc_small columns.
+  const int64_t mc_once = std::min(round_up(std::max(blk.mc_once, blk.mc), MR), round_up(m, MR));
+  const int64_t kc_once = std::min(round_up(blk.kc_once, KP), round_up(k, KP));
+  const int64_t nc_once = std::min(round_up(blk.nc_small, NR), round_up(n, NR));
+  const int64_t a_elems = round_up(std::max(mc * kc, mc_once * kc_once), 64),
+                b_elems = round_up(std::max(kc * nc, kc_once * nc_once), 64);
 
   // Tiny products cannot pay for waking a team; the partition never changes results.
   const double macs = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
@@ -286,28 +308,43 @@ void gemm_blocked(const GemmArgs<In, float>& g, GemmBlocking blk, int flops_per_
     P* b_base = buffer.get() + a_elems * threads;
     if (tid < tm * tn) {
       const ThreadRange r = thread_range(m, n, MR, NR, tm, tn, tid);
+      // When every thread's rows fit one op(A) block of mc_once rows (the experts' mid shapes), op(A) is
+      // packed once per k block and op(B) blocks are cut to nc_small columns, so that the block just packed
+      // is still in L2 when the kernel reads it; the k blocks then run outermost. The row count each thread
+      // can have, not its own, decides. A team sharing op(B) keeps the tall path: the narrow blocks would
+      // cost a barrier each (64 for 512 × 2048 × 2048 on two threads, which ran at a fifth of the speed on
+      // a loaded machine, where each barrier can wait for a descheduled thread).
+      const int64_t rows_max = ceil_div(ceil_div(m, MR), tm) * MR;
+      const bool a_once = !shared_b && rows_max <= mc_once;
+      const int64_t ncb = a_once ? nc_once : nc, kcb = a_once ? kc_once : kc, mcb = a_once ? mc_once : mc;
       int64_t block = 0;
-      for (int64_t jc = r.n0; jc < r.n1; jc += nc) {
-        const int64_t nb = std::min(nc, r.n1 - jc);
-        for (int64_t pc = 0; pc < k; pc += kc, ++block) {
-          const int64_t kb = std::min(kc, k - pc), slots = ceil_div(kb, KP);
-          const bool load_c = g.accumulate || pc > 0;
-          P* bp = b_base + (shared_b ? block % 2 : tid) * b_elems;
-          if (shared_b) {
-            const int64_t panels = ceil_div(nb, NR), p0 = panels * tid / team, p1 = panels * (tid + 1) / team;
-            if (p1 > p0)
-              pack_b<NR, KP>(g.b, g.ldb, g.trans_b, pc, kb, jc + p0 * NR, std::min(nb, p1 * NR) - p0 * NR,
-                             bp + p0 * NR * slots * KP);
+      auto step = [&](int64_t jc, int64_t pc, bool pack_a_now) {
+        const int64_t nb = std::min(ncb, r.n1 - jc);
+        const int64_t kb = std::min(kcb, k - pc), slots = ceil_div(kb, KP);
+        const bool load_c = g.accumulate || pc > 0;
+        P* bp = b_base + (shared_b ? block % 2 : tid) * b_elems;
+        ++block;
+        if (shared_b) {
+          const int64_t panels = ceil_div(nb, NR), p0 = panels * tid / team, p1 = panels * (tid + 1) / team;
+          if (p1 > p0)
+            pack_b<NR, KP>(g.b, g.ldb, g.trans_b, pc, kb, jc + p0 * NR, std::min(nb, p1 * NR) - p0 * NR,
+                           bp + p0 * NR * slots * KP);
 #pragma omp barrier
-          } else {
-            pack_b<NR, KP>(g.b, g.ldb, g.trans_b, pc, kb, jc, nb, bp);
-          }
-          for (int64_t ic = r.m0; ic < r.m1; ic += mc) {
-            const int64_t mb = std::min(mc, r.m1 - ic);
-            pack_a<MR, KP>(g.a, g.lda, g.trans_a, ic, mb, pc, kb, ap);
-            multiply_block<K>(ap, bp, slots, mb, nb, g.c + ic * g.ldc + jc, g.ldc, load_c);
-          }
+        } else {
+          pack_b<NR, KP>(g.b, g.ldb, g.trans_b, pc, kb, jc, nb, bp);
         }
+        for (int64_t ic = r.m0; ic < r.m1; ic += mcb) {
+          const int64_t mb = std::min(mcb, r.m1 - ic);
+          if (pack_a_now) pack_a<MR, KP>(g.a, g.lda, g.trans_a, ic, mb, pc, kb, ap);
+          multiply_block<K>(ap, bp, slots, mb, nb, g.c + ic * g.ldc + jc, g.ldc, load_c);
+        }
+      };
+      if (a_once) {
+        for (int64_t pc = 0; pc < k; pc += kcb)
+          for (int64_t jc = r.n0; jc < r.n1; jc += ncb) step(jc, pc, jc == r.n0);
+      } else {
+        for (int64_t jc = r.n0; jc < r.n1; jc += nc)
+          for (int64_t pc = 0; pc < k; pc += kc) step(jc, pc, true);
       }
     }
   }
