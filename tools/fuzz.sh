@@ -26,6 +26,10 @@
 # Limits: a hang is an input taking over 1 s; the process may not use over 2 GB RSS, and no single allocation
 # may exceed 256 MB: a header that claims gigabytes must be refused, not allocated.
 set -euo pipefail
+# The whole script is one group, read before any of it runs: bash otherwise reads a script as it goes, and
+# editing this file during a campaign made the running copy resume mid-line in the --minimize code and delete
+# the committed corpus.
+{
 cd "$(dirname "$0")/.."
 targets=$(cd tests/fuzz && ls fuzz_*.cpp | sed 's/^fuzz_//; s/\.cpp$//')
 usage() {
@@ -179,3 +183,4 @@ SECONDS=0
 status=${PIPESTATUS[0]}
 set -e
 exit "$status"
+}
