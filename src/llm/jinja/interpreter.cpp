@@ -206,8 +206,8 @@ class Interpreter {
       return a.positional[static_cast<size_t>(*index) % a.positional.size()];
     });
     // Each iteration builds the loop object, a dict of kLoopEntries entries, paid like any dict a template
-    // builds: counted as one step, nested loops with cheap bodies took over a second under ASan at the budget
-    // (found by fuzz_jinja_template).
+    // builds: counted as one step, nested loops with cheap bodies took about a second under ASan at the
+    // budget (found by fuzz_jinja_template).
     constexpr uint64_t kLoopEntries = 12;
     for (int64_t i = 0; i < n; ++i) {
       count_operations(1 + kLoopEntries * kItemWeight / kWeightPerOperation);
