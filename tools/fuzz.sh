@@ -14,6 +14,9 @@
 #                                   timeout-*, other names) are always kept
 #   tools/fuzz.sh --summary TARGET  from the last campaign's log: executions, exec/s, edges (cov) after
 #                                   start-up, at half time and at the end, and the time of the last new edge
+#   tools/fuzz.sh --retime TARGET   re-times the campaign's slow units and timeouts (build-fuzz/artifacts/TARGET/
+#                                   slow-unit-*, timeout-*) by CPU time, user + system, per execution: a loaded
+#                                   machine stretches wall time tenfold, and the hang criterion is CPU time
 #   tools/fuzz.sh --list            prints the targets
 #
 # Environment: FUZZ_BIN_DIR=DIR runs the binaries already in DIR (no build: a campaign can start while
@@ -23,10 +26,15 @@
 # Limits: a hang is an input taking over 1 s; the process may not use over 2 GB RSS, and no single allocation
 # may exceed 256 MB: a header that claims gigabytes must be refused, not allocated.
 set -euo pipefail
+# The whole script is one group, read before any of it runs: bash otherwise reads a script as it goes, and
+# editing this file during a campaign made the running copy resume mid-line in the --minimize code and delete
+# the committed corpus.
+{
 cd "$(dirname "$0")/.."
 targets=$(cd tests/fuzz && ls fuzz_*.cpp | sed 's/^fuzz_//; s/\.cpp$//')
 usage() {
-  echo "usage: $0 TARGET SECONDS [LIBFUZZER_FLAG...] | --minimize TARGET | --summary TARGET | --list" >&2
+  echo "usage: $0 TARGET SECONDS [LIBFUZZER_FLAG...] | --minimize TARGET | --summary TARGET | --retime TARGET |" \
+    "--list" >&2
   echo "targets: $(echo $targets)" >&2
   exit 2
 }
@@ -36,7 +44,7 @@ if [ "$1" = "--list" ]; then
   exit 0
 fi
 mode=run
-if [ "$1" = "--minimize" ] || [ "$1" = "--summary" ]; then
+if [ "$1" = "--minimize" ] || [ "$1" = "--summary" ] || [ "$1" = "--retime" ]; then
   mode=${1#--}
   shift
 fi
@@ -116,6 +124,29 @@ esac
 # merge then keeps the smallest inputs that reach the same edges.
 keep=-3k
 
+if [ "$mode" = retime ]; then
+  # One run and three runs of the input in one process each: the difference over two is one execution, without
+  # the process start-up and the fixtures a target builds on its first input. libFuzzer's leak check would run
+  # the first input twice, so it is off (leaks are the campaign's to find).
+  cpu() {
+    local TIMEFORMAT='%U %S'
+    { time "$binary" -detect_leaks=0 "$@" >/dev/null 2>&1; } 2>&1 | awk "NF == 2 { s = \$1 + \$2 } END { print s }"
+  }
+  found=0
+  for f in "build-fuzz/artifacts/$target"/slow-unit-* "build-fuzz/artifacts/$target"/timeout-*; do
+    [ -f "$f" ] || continue
+    found=1
+    one=$(cpu "$f")
+    three=$(cpu "$f" "$f" "$f")
+    awk -v f="$f" -v size="$(wc -c <"$f")" -v one="$one" -v three="$three" 'BEGIN {
+      per = (three - one) / 2
+      printf "%s (%d bytes): %.2f s CPU per execution%s\n", f, size, per, (per > 1 ? ": over 1 s, a hang" : "")
+    }'
+  done
+  [ "$found" = 1 ] || echo "$target: no slow units or timeouts in build-fuzz/artifacts/$target"
+  exit 0
+fi
+
 if [ "$mode" = minimize ]; then
   # Small inputs only, so the committed corpora stay small; merge keeps those adding coverage.
   small=$(mktemp -d)
@@ -152,3 +183,4 @@ SECONDS=0
 status=${PIPESTATUS[0]}
 set -e
 exit "$status"
+}
