@@ -19,6 +19,7 @@
 #include "llm/layers/weights.hpp"
 #include "moe/packed_experts.hpp"
 #include "stats.hpp"
+#include "util/clock.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::app {
@@ -27,16 +28,10 @@ namespace {
 
 using kernels::PackedWeight;
 
-double wall_now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 // The calling thread's CPU time: with one thread, the time the ops ran rather than the time they waited for a
 // core on a loaded machine.
 double thread_now() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  return cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
 }
 
 // Decimal megabytes, as generate prints weights per token.
@@ -82,7 +77,7 @@ struct AnonymousCopy {
 int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOptions& o) {
   XMOE_CHECK(!o.thread_clock || omp_get_max_threads() == 1,
              "linear-bench --model: --clock thread needs --threads 1");
-  const auto now = o.thread_clock ? thread_now : wall_now;
+  const auto now = o.thread_clock ? thread_now : wall_seconds;
   const llm::Checkpoint ckpt = llm::Checkpoint::open(o.model);
   const llm::ModelConfig& c = ckpt.config();
   XMOE_CHECK(c.num_experts > 0 && c.num_experts_per_tok > 0, "linear-bench --model: ", o.model,
@@ -90,7 +85,7 @@ int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOpt
   const int64_t H = c.hidden_size, D = c.head_dim, I = c.moe_intermediate_size;
   const int E = c.num_experts, K = c.num_experts_per_tok;
   llm::WeightLoader loader(ckpt, DType::bf16);
-  const double t_load = wall_now();
+  const double t_load = wall_seconds();
   std::vector<Layer> layers(static_cast<size_t>(c.num_hidden_layers));
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     Layer& L = layers[static_cast<size_t>(l)];
@@ -120,7 +115,7 @@ int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOpt
   const PackedWeight lm_head = c.tie_word_embeddings
                                    ? loader.matrix("model.embed_tokens.weight", c.vocab_size, H)
                                    : loader.matrix("lm_head.weight", c.vocab_size, H);
-  std::fprintf(stderr, "loaded %s views in %.2f s\n", o.model.c_str(), wall_now() - t_load);
+  std::fprintf(stderr, "loaded %s views in %.2f s\n", o.model.c_str(), wall_seconds() - t_load);
 
   // Every weight a step may read (codes and scales), for madvise and paging in.
   std::vector<PackedWeight> all;
@@ -146,7 +141,7 @@ int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOpt
     XMOE_CHECK(advice >= 0, "linear-bench: unknown --madvise ", o.madvise);
     size_t failures = 0, calls = 0;
     int first_errno = 0;
-    const double t0 = wall_now();
+    const double t0 = wall_seconds();
     const auto each = [&](const PackedWeight& w) {
       if (w.data == nullptr) return;
       ++calls;
@@ -157,13 +152,13 @@ int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOpt
     };
     for (const PackedWeight& w : all) each(w);
     std::fprintf(stderr, "madvise %s over %zu weights: %zu calls failed (%s), %.2f s\n", o.madvise.c_str(),
-                 calls, failures, failures ? std::strerror(first_errno) : "ok", wall_now() - t0);
+                 calls, failures, failures ? std::strerror(first_errno) : "ok", wall_seconds() - t0);
   }
 
   // Page every weight in (and map it) before timing, as generate --warmup does: the first touch of a page
   // would time the disk or the page-fault path, not the decode kernels.
   {
-    const double t0 = wall_now();
+    const double t0 = wall_seconds();
     uint64_t sum = 0;
     const auto touch = [&sum](const std::byte* p, size_t n) {
       for (size_t i = 0; i < n; i += 4096) sum += static_cast<uint8_t>(p[i]);
@@ -174,7 +169,7 @@ int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOpt
       touch(w.data, n);
       if (w.scales != nullptr) touch(w.scales, w.bytes() - n);
     }
-    std::fprintf(stderr, "paged in %zu weights in %.2f s (checksum %llu)\n", all.size(), wall_now() - t0,
+    std::fprintf(stderr, "paged in %zu weights in %.2f s (checksum %llu)\n", all.size(), wall_seconds() - t0,
                  static_cast<unsigned long long>(sum));
   }
   const double probe = kernels::measure_read_bandwidth_gbs();

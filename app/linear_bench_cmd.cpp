@@ -18,6 +18,7 @@
 #include "kernels/read_bandwidth.hpp"
 #include "linear_rows_bench.hpp"
 #include "stats.hpp"
+#include "util/clock.hpp"
 #include "xmoe/dtype.hpp"
 #include "xmoe/error.hpp"
 
@@ -73,12 +74,7 @@ std::vector<OwnedWeight> copies(const OwnedWeight& w, size_t count) {
 // Seconds on the chosen clock: wall time, or the calling thread's CPU time (one thread: on a loaded machine
 // the time the kernel actually ran, not the time it waited for a core).
 double clock_seconds(bool thread_cpu) {
-  if (thread_cpu) {
-    timespec t{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-  }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return thread_cpu ? cpu_seconds(CLOCK_THREAD_CPUTIME_ID) : wall_seconds();
 }
 
 struct Shape {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "util/clock.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::kernels {
@@ -35,12 +36,7 @@ uint64_t read_slice(const uint64_t* p, size_t n) {
 // threads reading its own contiguous slice.
 double median_pass_rate(const uint64_t* p, size_t n, int passes, bool thread_clock) {
   const auto now = [thread_clock] {
-    if (thread_clock) {
-      timespec t{};
-      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-      return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-    }
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    return thread_clock ? cpu_seconds(CLOCK_THREAD_CPUTIME_ID) : wall_seconds();
   };
   const int threads = omp_get_max_threads();
   std::vector<double> rates;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "util/clock.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::kernels {
@@ -66,12 +67,6 @@ __attribute__((target("avx512f,avx512bf16"))) float chains_dpbf16(int64_t iters,
   __m512 s = acc[0];
   for (int i = 1; i < kChains; ++i) s = _mm512_add_ps(s, acc[i]);
   return _mm512_cvtss_f32(s);
-}
-
-double cpu_seconds(clockid_t id) {
-  timespec t{};
-  clock_gettime(id, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
 // Seconds on `clock`: wall, the calling thread's CPU time, or the process's CPU time per thread.

@@ -7,13 +7,13 @@
 // Scopes nest: an inner scope's time is its own, and the enclosing scope keeps only the rest (the engine's
 // scope around a whole step keeps what no op claimed: scheduling, bookkeeping, the logits copy).
 #pragma once
-#include <time.h>
-
 #include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+
+#include "util/clock.hpp"
 
 namespace xmoe::llm {
 
@@ -49,14 +49,8 @@ class StepProfile {
     double wall = 0;
   };
 
-  static double cpu_now() {
-    timespec ts{};
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-  }
-  static double wall_now() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  }
+  static double cpu_now() { return cpu_seconds(CLOCK_PROCESS_CPUTIME_ID); }
+  static double wall_now() { return wall_seconds(); }
 
   // The ops recorded since the last end_step belong to a step of `phase` that fed `tokens` tokens in `wall`
   // seconds.
