@@ -1,4 +1,5 @@
 #include "kernels/cpu/linear_quant.hpp"
+#include "kernels/cpu/linear_quant_bf16dot.hpp"
 #include "kernels/cpu/variants.hpp"
 #include "xmoe/error.hpp"
 
@@ -76,6 +77,14 @@ KernelTable make_avx512_bf16() {
 KernelTable with_medium_bf16(KernelTable t, LinearFn linear_bf16_medium) {
   t.precision = MatmulPrecision::medium;
   t.linear[size_t(WeightFormat::bf16)] = linear_bf16_medium;
+  // Block-quantized weights at medium: bf16 products of the codes, scales on the f32 partial sums.
+  const bool emulated = t.isa == Isa::reference;
+  t.linear[size_t(WeightFormat::fp8_block)] =
+      emulated ? reference::linear_fp8_block_medium : avx512_bf16::linear_fp8_block_medium;
+  t.linear[size_t(WeightFormat::mxfp4)] =
+      emulated ? reference::linear_mxfp4_medium : avx512_bf16::linear_mxfp4_medium;
+  t.linear[size_t(WeightFormat::nvfp4)] =
+      emulated ? reference::linear_nvfp4_medium : avx512_bf16::linear_nvfp4_medium;
   return t;
 }
 

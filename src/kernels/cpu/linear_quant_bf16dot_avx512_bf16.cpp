@@ -1,0 +1,403 @@
+// The `medium` precision's linears over block-quantized weights on AVX512-BF16, bit-identical to
+// linear_quant_bf16dot_reference.cpp (the arithmetic is in linear_quant_bf16dot.hpp). Weights are read in
+// place and turned into bf16 in registers with a few integer operations per 32 weights:
+//  * FP4: 64 bytes read as 32 words hold 4 nibbles each; nibble s of every word (a shift by 4·s) indexes a
+//    32-word table of the E2M1 values' bf16 bits twice over (VPERMW reads an index's low 5 bits, so no mask);
+//  * FP8: the low / high byte of each word, moved into the word's high byte and shifted right arithmetically
+//    by 4, gives S.EEEE.MMM in bf16 position; the exponent rebiased by OR-ing 112 (value × 2^-8), E4M3
+//    subnormals and zeros (exponent 0) replaced by a masked VPERMW from an 8-entry table.
+// Block scales multiply the f32 partial sums once per lane and chunk (one masked FMA per 32 FP4 or 64 FP8
+// weights and row). E2M1 / E8M0 / E4M3 scale codes become f32 by shifts; the codes those shifts do not decode
+// (NaN and E8M0 0 scales, FP8 NaN elements) are rare enough to be tracked by a running max/min, and a tile
+// that met one is computed again by the reference.
+// x rows are rounded to bf16 once per call, in the chunk order the weights unpack to. Weight rows stream in
+// groups of kGroupRows, each group against every tile of x rows while it is in L1, the group after next
+// prefetched into L2 meanwhile.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "kernels/cpu/linear_quant.hpp"
+#include "kernels/cpu/linear_quant_bf16dot.hpp"
+#include "kernels/cpu/linear_reduce_avx512.hpp"
+#include "kernels/quant/codecs.hpp"
+#include "xmoe/error.hpp"
+
+namespace xmoe::kernels::avx512_bf16 {
+namespace {
+
+constexpr int kGroupRows = 4;  // weight rows per tile: 2 x rows × 4 → 8 partials + 8 accumulators
+constexpr int kTileRows = 2;
+
+// reduce_lanes (linear_lanes.hpp) in registers.
+inline float reduce16(__m512 v) {
+  const __m256 s8 =
+      _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, v, 0), _mm512_maskz_extractf32x8_ps(0xff, v, 1));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+
+// 16 f32 → bf16 bits exactly as bf16::from_float (nearest even; NaN made quiet), integer arithmetic only.
+inline __m256i round_to_bf16(__m512i u) {
+  const __m512i high = _mm512_maskz_srli_epi32(0xffff, u, 16);
+  const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+  __m512i r = _mm512_maskz_srli_epi32(
+      0xffff, _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  r = _mm512_mask_or_epi32(r, nan, high, _mm512_set1_epi32(0x40));
+  return _mm512_maskz_cvtepi32_epi16(0xffff, r);
+}
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<uint16_t[], FreeDeleter>;
+
+// x rows [0, m) as bf16 in chunk order: position c + 32·s + 2·l + h holds element c + (C/16)·l + (C/32)·h + s
+// (zeros past k); rows `padded` apart.
+Buffer pack_x(const LinearArgs& a, int64_t chunk, int64_t padded) {
+  const int64_t k = a.w->cols;
+  Buffer out(static_cast<uint16_t*>(std::aligned_alloc(64, static_cast<size_t>((a.m + 1) * padded * 2))));
+  XMOE_CHECK(out != nullptr, "linear: out of memory for ", a.m, " bf16 rows of ", k);
+  uint16_t* plain = out.get() + a.m * padded;  // the last slot: one row in k order
+  for (int64_t i = 0; i < a.m; ++i) {
+    const float* row = a.x + i * a.ldx;
+    for (int64_t p = 0; p < padded; p += 16) {
+      const int64_t rem = std::clamp<int64_t>(k - p, 0, 16);
+      const __mmask16 mask = rem == 16 ? __mmask16(0xffff) : __mmask16((1u << rem) - 1);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(plain + p),
+                         round_to_bf16(_mm512_maskz_loadu_epi32(mask, row + p)));
+    }
+    uint16_t* dst = out.get() + i * padded;
+    for (int64_t c = 0; c < padded; c += chunk)
+      for (int64_t s = 0; s < chunk / 32; ++s)
+        for (int64_t l = 0; l < 16; ++l)
+          for (int64_t h = 0; h < 2; ++h)
+            dst[c + 32 * s + 2 * l + h] = plain[c + chunk / 16 * l + chunk / 32 * h + s];
+  }
+  return out;
+}
+
+inline __mmask64 byte_mask(int64_t bytes) {
+  return bytes >= 64 ? ~__mmask64(0) : (__mmask64(1) << bytes) - 1;
+}
+inline __mmask16 lane_mask(int64_t lanes) {
+  return lanes >= 16 ? __mmask16(0xffff) : __mmask16((1u << lanes) - 1);
+}
+
+// The E2M1 values' bf16 bits, twice (index bit 4 is the next nibble's low bit).
+inline __m512i e2m1_bf16_table() {
+  return _mm512_set_epi16(static_cast<short>(0xC0C0), static_cast<short>(0xC080), static_cast<short>(0xC040),
+                          static_cast<short>(0xC000), static_cast<short>(0xBFC0), static_cast<short>(0xBF80),
+                          static_cast<short>(0xBF00), static_cast<short>(0x8000), 0x40C0, 0x4080, 0x4040,
+                          0x4000, 0x3FC0, 0x3F80, 0x3F00, 0x0000, static_cast<short>(0xC0C0),
+                          static_cast<short>(0xC080), static_cast<short>(0xC040), static_cast<short>(0xC000),
+                          static_cast<short>(0xBFC0), static_cast<short>(0xBF80), static_cast<short>(0xBF00),
+                          static_cast<short>(0x8000), 0x40C0, 0x4080, 0x4040, 0x4000, 0x3FC0, 0x3F80, 0x3F00,
+                          0x0000);
+}
+
+// FP4 scales of one chunk (128 elements) of one row as the 16 lanes' multipliers.
+//  * NVFP4: 8 E4M3 codes, lane l taking code l / 2: each code put in its lane's top byte, shifted right by 4
+//    arithmetically and masked is the E4M3 value × 2^-120 (f32 subnormal for E4M3 subnormals), times the
+//    global scale × 2^120 the reference's product where that is exact (checked by the caller). A code is NaN
+//    when (code | 0x80) == 0xFF: tracked by a running max.
+//  * MXFP4: 4 E8M0 codes, lane l taking code l / 4, shifted into the exponent: exact but for codes 0 (a
+//    subnormal) and 0xFF (NaN), i.e. code + 1 ≤ 1 as a byte: tracked by a running min.
+template <bool NV>
+struct Fp4Scales {
+  __m512 global;  // NVFP4's global scale × 2^120
+  __m512i control =
+      NV ? _mm512_set_epi32(0x07808080, 0x07808080, 0x06808080, 0x06808080, 0x05808080, 0x05808080,
+                            0x04808080, 0x04808080, 0x03808080, 0x03808080, 0x02808080, 0x02808080,
+                            0x01808080, 0x01808080, 0x00808080, 0x00808080)
+         : _mm512_set_epi32(0x80038080, 0x80038080, 0x80038080, 0x80038080, 0x80028080, 0x80028080,
+                            0x80028080, 0x80028080, 0x80018080, 0x80018080, 0x80018080, 0x80018080,
+                            0x80008080, 0x80008080, 0x80008080, 0x80008080);
+  static constexpr int64_t kBlock = NV ? 16 : 32;
+  __m128i guard = NV ? _mm_setzero_si128() : _mm_set1_epi8(-1);
+  __m512 get(const uint8_t* codes, int64_t count) {
+    const __m128i q = count >= 128 / kBlock
+                          ? (NV ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))
+                                : _mm_cvtsi32_si128(load_u32(codes)))
+                          : _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << count) - 1), codes);
+    const __m512i placed = _mm512_shuffle_epi8(_mm512_maskz_broadcastq_epi64(0xff, q), control);
+    if constexpr (NV) {
+      guard = _mm_max_epu8(guard, _mm_or_si128(q, _mm_set1_epi8(-128)));
+      const __m512i bits =
+          _mm512_and_si512(_mm512_maskz_srai_epi32(0xffff, placed, 4), _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
+      return _mm512_mul_ps(_mm512_castsi512_ps(bits), global);
+    } else {
+      // Only the chunk's codes count (the bytes past them are zeros): the others are made 0xFF.
+      const __mmask16 own = static_cast<__mmask16>((1u << std::min<int64_t>(count, 4)) - 1);
+      guard = _mm_min_epu8(guard, _mm_mask_add_epi8(_mm_set1_epi8(-1), own, q, _mm_set1_epi8(1)));
+      return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, placed, 7));
+    }
+  }
+  bool clean() const {
+    const __m128i bad = NV ? _mm_cmpeq_epi8(guard, _mm_set1_epi8(-1))
+                           : _mm_cmpeq_epi8(_mm_max_epu8(guard, _mm_set1_epi8(1)), _mm_set1_epi8(1));
+    return _mm_movemask_epi8(bad) == 0;
+  }
+  static int load_u32(const uint8_t* p) {
+    int v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+};
+
+// y for MR packed x rows (xp, rows `padded` apart) and NR FP4 weight rows from `data`; false when a scale
+// code the shifts do not decode was met (y is then not written).
+template <bool NV, int MR, int NR>
+bool fp4_tile(const uint8_t* data, int64_t row_bytes, const uint8_t* codes, int64_t code_stride, int64_t k,
+              const uint16_t* xp, int64_t padded, float* y, int64_t ldy, __m512 global, int64_t ahead) {
+  const __m512i table = e2m1_bf16_table();
+  Fp4Scales<NV> scales{global};
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < k; c += 128) {
+    const int64_t left = k - c;
+    __m512i raw[NR];
+    __m512 mult[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      const uint8_t* d = data + j * row_bytes + c / 2;
+      if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(d + ahead), _MM_HINT_T1);
+      raw[j] = left >= 128 ? _mm512_loadu_si512(d) : _mm512_maskz_loadu_epi8(byte_mask(left / 2), d);
+      mult[j] = scales.get(codes + j * code_stride + c / Fp4Scales<NV>::kBlock, left / Fp4Scales<NV>::kBlock);
+    }
+    __m512 part[MR][NR];
+#pragma GCC unroll 4
+    for (int s = 0; s < 4; ++s) {
+      __m512bh wv[NR];
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j)
+        wv[j] = (__m512bh)_mm512_permutexvar_epi16(
+            s == 0 ? raw[j] : _mm512_srli_epi16(raw[j], static_cast<unsigned>(4 * s)), table);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        const __m512bh xv = (__m512bh)_mm512_load_si512(xp + i * padded + c + 32 * s);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j)
+          part[i][j] = _mm512_dpbf16_ps(s == 0 ? _mm512_setzero_ps() : part[i][j], xv, wv[j]);
+      }
+    }
+    const __mmask16 lanes = lane_mask(left / 8);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_mask3_fmadd_ps(part[i][j], mult[j], acc[i][j], lanes);
+  }
+  if (!scales.clean()) return false;
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
+  return true;
+}
+
+// FP8 multipliers (q · 2^8) of one chunk and row: a broadcast where the chunk lies in one scale block, else
+// lane l's from the block of element c + 4l.
+struct Fp8Scales {
+  const PackedWeight* w;
+  float table[256];
+  explicit Fp8Scales(const PackedWeight& pw) : w(&pw) {
+    if (pw.scale_type != ScaleType::f32) quant::fill_scale_table(pw, table);
+  }
+  float get(int64_t index) const {
+    if (w->scale_type == ScaleType::f32) {
+      float s;
+      std::memcpy(&s, w->scales + 4 * index, 4);
+      return s;
+    }
+    return table[static_cast<uint8_t>(w->scales[index])];
+  }
+  __m512 chunk(int64_t base, int64_t c, int64_t k) const {
+    const int64_t bc = w->block_cols;
+    if (c / bc == std::min(c + 63, k - 1) / bc) return _mm512_set1_ps(get(base + c / bc) * 0x1p8f);
+    alignas(64) float lanes[16];
+    for (int l = 0; l < 16; ++l) {
+      const int64_t e = std::min(c + 4 * l, k - 1);
+      lanes[l] = get(base + e / bc) * 0x1p8f;
+    }
+    return _mm512_load_ps(lanes);
+  }
+};
+
+// bf16 bits of E4M3 subnormals and zero × 2^-8 (m · 2^-17), by the mantissa m.
+inline __m512i e4m3_subnormal_table() {
+  return _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x3860,
+                          0x3840, 0x3820, 0x3800, 0x37C0, 0x3780, 0x3700, 0x0000);
+}
+
+// Words whose high byte is an E4M3 code → that code's value × 2^-8 in bf16 (NaN codes excepted).
+inline __m512bh e4m3_to_bf16(__m512i high, __m512i subnormals) {
+  const __m512i t = _mm512_srai_epi16(high, 4);  // S.SSSS.EEEE.MMM.xxxx
+  // (t & 0x07F0) | 0x3800: exponent 112 + E, mantissa MMM.
+  __m512i mag = _mm512_ternarylogic_epi32(t, _mm512_set1_epi16(0x07F0), _mm512_set1_epi16(0x3800), 0xEA);
+  const __mmask32 sub = _mm512_testn_epi16_mask(t, _mm512_set1_epi16(0x0780));
+  mag = _mm512_mask_permutexvar_epi16(mag, sub, _mm512_srli_epi16(t, 4), subnormals);
+  // mag | (t & 0x8000)
+  return (__m512bh)_mm512_ternarylogic_epi32(mag, t, _mm512_set1_epi16(static_cast<short>(0x8000)), 0xF8);
+}
+
+template <int MR, int NR>
+bool fp8_tile(const Fp8Scales& sc, const uint8_t* data, int64_t row_bytes, int64_t n, int64_t k,
+              const uint16_t* xp, int64_t padded, float* y, int64_t ldy, int64_t ahead) {
+  const __m512i subnormals = e4m3_subnormal_table();
+  int64_t base[NR];
+  for (int j = 0; j < NR; ++j) base[j] = (n + j) / sc.w->block_rows * sc.w->scale_row_stride;
+  __m512i guard = _mm512_setzero_si512();
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < k; c += 64) {
+    const int64_t left = k - c;
+    __m512i raw[NR];
+    __m512 mult[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      const uint8_t* d = data + (n + j) * row_bytes + c;
+      if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(d + ahead), _MM_HINT_T1);
+      raw[j] = left >= 64 ? _mm512_loadu_si512(d) : _mm512_maskz_loadu_epi8(byte_mask(left), d);
+      guard = _mm512_max_epu8(guard, _mm512_or_si512(raw[j], _mm512_set1_epi8(-128)));
+      mult[j] = sc.chunk(base[j], c, k);
+    }
+    __m512 part[MR][NR];
+#pragma GCC unroll 2
+    for (int s = 0; s < 2; ++s) {
+      __m512bh wv[NR];
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j)
+        wv[j] = e4m3_to_bf16(s == 0 ? _mm512_slli_epi16(raw[j], 8) : raw[j], subnormals);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        const __m512bh xv = (__m512bh)_mm512_load_si512(xp + i * padded + c + 32 * s);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j)
+          part[i][j] = _mm512_dpbf16_ps(s == 0 ? _mm512_setzero_ps() : part[i][j], xv, wv[j]);
+      }
+    }
+    const __mmask16 lanes = lane_mask((left + 3) / 4);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_mask3_fmadd_ps(part[i][j], mult[j], acc[i][j], lanes);
+  }
+  if (_mm512_cmpeq_epi8_mask(guard, _mm512_set1_epi8(-1)) != 0) return false;
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[i * ldy + n + j] = reduce16(acc[i][j]);
+  return true;
+}
+
+// The reference for rows [i0, i0 + rows) and columns [n, n + cols): a tile that met a code the fast decode
+// leaves out.
+void redo(const LinearArgs& a, LinearFn reference, int64_t i0, int64_t rows, int64_t n, int64_t cols) {
+  LinearArgs part = a;
+  part.x = a.x + i0 * a.ldx;
+  part.m = rows;
+  part.y = a.y + i0 * a.ldy;
+  part.n0 = n;
+  part.n1 = n + cols;
+  reference(part);
+}
+
+// Weight rows in groups of NR (then one by one), each group against every tile of up to kTileRows x rows.
+template <class Tile>
+void stream(const LinearArgs& a, const Tile& tile) {
+  const int64_t n1 = a.n1;
+  int64_t n = a.n0;
+  for (; n + kGroupRows <= n1; n += kGroupRows)
+    for (int64_t i0 = 0; i0 < a.m; i0 += kTileRows)
+      tile.template run<kGroupRows>(i0, std::min<int64_t>(kTileRows, a.m - i0), n);
+  for (; n < n1; ++n)
+    for (int64_t i0 = 0; i0 < a.m; i0 += kTileRows)
+      tile.template run<1>(i0, std::min<int64_t>(kTileRows, a.m - i0), n);
+}
+
+template <bool NV>
+struct Fp4Tile {
+  const LinearArgs& a;
+  const uint16_t* xp;
+  int64_t padded;
+  __m512 global;
+  LinearFn reference;
+  template <int NR>
+  void run(int64_t i0, int64_t rows, int64_t n) const {
+    const PackedWeight& w = *a.w;
+    const auto* data = reinterpret_cast<const uint8_t*>(w.data) + n * w.row_bytes;
+    const auto* codes = reinterpret_cast<const uint8_t*>(w.scales) + n * w.scale_row_stride;
+    // The group after next, at the same column (rows are contiguous): prefetched by the first x tile only.
+    const int64_t ahead = i0 == 0 && n + 3 * NR <= a.n1 ? 2 * NR * w.row_bytes : 0;
+    const uint16_t* x = xp + i0 * padded;
+    float* y = a.y + i0 * a.ldy + n;
+    const bool ok = rows == 1 ? fp4_tile<NV, 1, NR>(data, w.row_bytes, codes, w.scale_row_stride, w.cols, x,
+                                                    padded, y, a.ldy, global, ahead)
+                              : fp4_tile<NV, 2, NR>(data, w.row_bytes, codes, w.scale_row_stride, w.cols, x,
+                                                    padded, y, a.ldy, global, ahead);
+    if (!ok) redo(a, reference, i0, rows, n, NR);
+  }
+};
+
+struct Fp8Tile {
+  const LinearArgs& a;
+  const Fp8Scales& scales;
+  const uint16_t* xp;
+  int64_t padded;
+  LinearFn reference;
+  template <int NR>
+  void run(int64_t i0, int64_t rows, int64_t n) const {
+    const PackedWeight& w = *a.w;
+    const auto* data = reinterpret_cast<const uint8_t*>(w.data);
+    const int64_t ahead = i0 == 0 && n + 3 * NR <= a.n1 ? 2 * NR * w.row_bytes : 0;
+    const uint16_t* x = xp + i0 * padded;
+    float* y = a.y + i0 * a.ldy;
+    const bool ok = rows == 1
+                        ? fp8_tile<1, NR>(scales, data, w.row_bytes, n, w.cols, x, padded, y, a.ldy, ahead)
+                        : fp8_tile<2, NR>(scales, data, w.row_bytes, n, w.cols, x, padded, y, a.ldy, ahead);
+    if (!ok) redo(a, reference, i0, rows, n, NR);
+  }
+};
+
+template <bool NV>
+void fp4_linear(const LinearArgs& a, WeightFormat format, LinearFn reference) {
+  quant::check_linear_args(a, format);
+  if (a.m == 0 || a.n0 == a.n1) return;
+  const float g = a.w->global_scale;
+  // NVFP4's multipliers come out exact from the shifted codes when global · 2^120 is (|g| < 2^8) and E4M3
+  // subnormal scales, f32 subnormals here, are not read as zero (MXCSR.DAZ).
+  constexpr unsigned kDenormalsAreZero = 0x40;
+  if (NV && (!(std::fabs(g) < 0x1p8f) || (_mm_getcsr() & kDenormalsAreZero) != 0)) return reference(a);
+  const int64_t padded = (a.w->cols + 127) / 128 * 128;
+  const Buffer xp = pack_x(a, 128, padded);
+  stream(a, Fp4Tile<NV>{a, xp.get(), padded, _mm512_set1_ps(g * 0x1p120f), reference});
+}
+
+}  // namespace
+
+void linear_fp8_block_medium(const LinearArgs& a) {
+  quant::check_linear_args(a, WeightFormat::fp8_block);
+  if (a.m == 0 || a.n0 == a.n1) return;
+  const int64_t padded = (a.w->cols + 63) / 64 * 64;
+  const Buffer xp = pack_x(a, 64, padded);
+  const Fp8Scales scales(*a.w);
+  stream(a, Fp8Tile{a, scales, xp.get(), padded, reference::linear_fp8_block_medium});
+}
+void linear_mxfp4_medium(const LinearArgs& a) {
+  fp4_linear<false>(a, WeightFormat::mxfp4, reference::linear_mxfp4_medium);
+}
+void linear_nvfp4_medium(const LinearArgs& a) {
+  fp4_linear<true>(a, WeightFormat::nvfp4, reference::linear_nvfp4_medium);
+}
+
+}  // namespace xmoe::kernels::avx512_bf16

@@ -1,0 +1,255 @@
+// The `medium` matmul precision over block-quantized weights (kernels/cpu/linear_quant_bf16dot.hpp):
+//  * the scalar reference against exact arithmetic: on weights and activations whose products and sums are
+//    all exact in f32 (small dyadic values, power-of-two scales), it must return the exact dot product of x
+//    with the PyTorch-checked dequantisation (row_to_f32), which catches any element paired with the wrong
+//    scale or lost; on random data it stays within bf16 rounding of the f32 product;
+//  * the AVX512-BF16 kernels against that reference bit for bit: decode and prefill row counts, column
+//    sub-ranges, k tails, every E4M3 code point (subnormals, zeros, NaN), NaN and zero scales, a large NVFP4
+//    global scale and denormals-are-zero (their fallbacks);
+//  * each output independent of the rest of its batch.
+#include <gtest/gtest.h>
+#include <xmmintrin.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels.hpp"
+#include "kernels/quant/codecs.hpp"
+#include "kernels/quant/quantize.hpp"
+#include "quant_fixture.hpp"
+
+namespace xmoe::kernels::quant {
+namespace {
+
+std::vector<float> random_values(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+QuantizedMatrix quantize(WeightFormat f, const std::vector<float>& w, int64_t rows, int64_t cols) {
+  if (f == WeightFormat::fp8_block) return quantize_fp8_block(w.data(), rows, cols);
+  if (f == WeightFormat::mxfp4) return quantize_mxfp4(w.data(), rows, cols);
+  return quantize_nvfp4(w.data(), rows, cols);
+}
+
+const KernelTable& medium_reference() {
+  return kernel_table(Isa::reference, detect_cpu_features(), MatmulPrecision::medium);
+}
+
+// The AVX512-BF16 medium table, or null where this CPU lacks the instruction.
+const KernelTable* medium_fast() {
+  const CpuFeatures f = detect_cpu_features();
+  if (!isa_supported(f, Isa::avx512_bf16)) return nullptr;
+  return &kernel_table(Isa::avx512_bf16, f, MatmulPrecision::medium);
+}
+
+std::vector<float> run(const KernelTable& t, const PackedWeight& w, const std::vector<float>& x, int64_t m,
+                       int64_t ldx, int64_t n0, int64_t n1, int64_t ldy) {
+  std::vector<float> y(static_cast<size_t>(m * ldy), 12345.0f);  // untouched outside [n0, n1)
+  t.linear[static_cast<int>(w.format)](LinearArgs{x.data(), m, ldx, &w, n0, n1, y.data(), ldy});
+  return y;
+}
+
+void expect_same(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!test::same_float(got[i], want[i]) && ++bad < 5)
+      ADD_FAILURE() << what << " at " << i << ": " << got[i] << " vs reference " << want[i];
+  EXPECT_EQ(bad, 0) << what;
+}
+
+TEST(QuantMedium, TableHasMediumQuantLinears) {
+  const KernelTable& r = medium_reference();
+  EXPECT_EQ(r.precision, MatmulPrecision::medium);
+  for (const WeightFormat f : {WeightFormat::fp8_block, WeightFormat::mxfp4, WeightFormat::nvfp4}) {
+    EXPECT_NE(r.linear[static_cast<int>(f)], reference_kernel_table().linear[static_cast<int>(f)]);
+    if (const KernelTable* t = medium_fast()) {
+      EXPECT_NE(t->linear[static_cast<int>(f)], r.linear[static_cast<int>(f)]);
+    }
+  }
+}
+
+// Exact cases: weights quantized from values their format holds exactly, scales powers of two (E8M0, or the
+// f32 / E4M3 multipliers forced to 2^j), x in multiples of 1/8 below 4: every product and partial sum is a
+// small dyadic number, so the reference must give Σ x · row_to_f32 computed in double, whatever its order.
+TEST(QuantMedium, ReferenceIsExactOnExactlyRepresentableData) {
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> pick(0, 15), eighths(-31, 31), power(-3, 3);
+  for (const WeightFormat f : {WeightFormat::fp8_block, WeightFormat::mxfp4, WeightFormat::nvfp4}) {
+    const int64_t n = 11, k = f == WeightFormat::fp8_block ? 300 : 320;
+    std::vector<float> wv(static_cast<size_t>(n * k));
+    for (auto& v : wv)
+      v = kE2M1Values[static_cast<size_t>(pick(rng))] * (f == WeightFormat::fp8_block ? 4 : 1);
+    QuantizedMatrix q = quantize(f, wv, n, k);
+    if (f == WeightFormat::fp8_block) {
+      for (size_t i = 0; i + 4 <= q.scales.size(); i += 4) {
+        const float s = std::ldexp(1.0f, power(rng));
+        std::memcpy(q.scales.data() + i, &s, 4);
+      }
+    } else if (f == WeightFormat::nvfp4) {
+      for (auto& c : q.scales) c = f32_to_e4m3(std::ldexp(1.0f, power(rng)));
+      q.global_scale = 0.5f;
+    }
+    const PackedWeight w = q.view();
+    for (const int64_t m : {1, 3}) {
+      std::vector<float> x(static_cast<size_t>(m * k));
+      for (auto& v : x) v = static_cast<float>(eighths(rng)) / 8.0f;
+      const auto got = run(medium_reference(), w, x, m, k, 0, n, n);
+      std::vector<float> row(static_cast<size_t>(k));
+      int nonzero = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        w.row_to_f32(j, row.data());
+        for (int64_t i = 0; i < m; ++i) {
+          double exact = 0;
+          for (int64_t p = 0; p < k; ++p) exact += double(x[i * k + p]) * double(row[p]);
+          nonzero += exact != 0;
+          EXPECT_EQ(double(got[i * n + j]), exact) << weight_format_name(f) << " row " << j << " x row " << i;
+        }
+      }
+      EXPECT_GT(nonzero, 0);
+    }
+  }
+}
+
+// On random data medium differs from the f32 product only by rounding x to bf16 (relative 2^-9 per element)
+// and f32 sums: within 2^-8 of Σ |x · w|.
+TEST(QuantMedium, ReferenceIsCloseToHighest) {
+  std::mt19937 rng(5);
+  for (const WeightFormat f : {WeightFormat::fp8_block, WeightFormat::mxfp4, WeightFormat::nvfp4}) {
+    const int64_t n = 7, k = 512, m = 2;
+    const QuantizedMatrix q = quantize(f, random_values(static_cast<size_t>(n * k), rng, 0.05f), n, k);
+    const PackedWeight w = q.view();
+    const auto x = random_values(static_cast<size_t>(m * k), rng);
+    const auto medium = run(medium_reference(), w, x, m, k, 0, n, n);
+    const auto highest = run(reference_kernel_table(), w, x, m, k, 0, n, n);
+    std::vector<float> row(static_cast<size_t>(k));
+    for (int64_t j = 0; j < n; ++j) {
+      w.row_to_f32(j, row.data());
+      for (int64_t i = 0; i < m; ++i) {
+        double magnitude = 0;
+        for (int64_t p = 0; p < k; ++p) magnitude += std::fabs(double(x[i * k + p]) * row[p]);
+        EXPECT_NEAR(medium[i * n + j], highest[i * n + j], magnitude * 0x1p-8) << weight_format_name(f);
+        EXPECT_NE(medium[i * n + j], highest[i * n + j]);  // it is another arithmetic
+      }
+    }
+  }
+}
+
+struct Shape {
+  int64_t n, k;
+};
+
+void check_format(WeightFormat f, const std::vector<Shape>& shapes) {
+  const KernelTable* fast = medium_fast();
+  if (fast == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  std::mt19937 rng(7);
+  for (const Shape s : shapes) {
+    const QuantizedMatrix q =
+        quantize(f, random_values(static_cast<size_t>(s.n * s.k), rng, 0.05f), s.n, s.k);
+    const PackedWeight w = q.view();
+    for (const int64_t m : {1, 2, 3, 5, 8}) {
+      const int64_t ldx = s.k + 3, ldy = s.n + 2;
+      const auto x = random_values(static_cast<size_t>(m * ldx), rng);
+      for (const auto& [n0, n1] : {std::pair<int64_t, int64_t>{0, s.n}, {s.n / 3, s.n - s.n / 4}}) {
+        if (n0 >= n1) continue;
+        const auto want = run(medium_reference(), w, x, m, ldx, n0, n1, ldy);
+        const std::string what = std::string(weight_format_name(f)) + " n=" + std::to_string(s.n) +
+                                 " k=" + std::to_string(s.k) + " m=" + std::to_string(m) + " cols [" +
+                                 std::to_string(n0) + ", " + std::to_string(n1) + ")";
+        expect_same(run(*fast, w, x, m, ldx, n0, n1, ldy), want, what);
+        if (m > 1) {  // the last row alone gets the bits it gets inside the batch
+          const std::vector<float> x_last(x.end() - ldx, x.end());
+          const std::vector<float> in_batch(want.end() - ldy, want.end());
+          expect_same(run(*fast, w, x_last, 1, ldx, n0, n1, ldy), in_batch, what + " last row alone");
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantMedium, Fp8BlockKernelMatchesReferenceBitForBit) {
+  check_format(WeightFormat::fp8_block, {{1, 16}, {9, 40}, {37, 136}, {130, 300}, {20, 1029}, {6, 2048}});
+}
+TEST(QuantMedium, Mxfp4KernelMatchesReferenceBitForBit) {
+  check_format(WeightFormat::mxfp4, {{1, 32}, {9, 96}, {37, 160}, {130, 320}, {20, 1024}, {6, 2048}});
+}
+TEST(QuantMedium, Nvfp4KernelMatchesReferenceBitForBit) {
+  check_format(WeightFormat::nvfp4, {{1, 16}, {9, 48}, {37, 80}, {130, 304}, {20, 1040}, {6, 2048}});
+}
+
+// Every E4M3 code point as an element (subnormals, both zeros, NaN in its own row), FP8 blocks of 16 columns
+// (multipliers differing inside a chunk), E8M0 FP8 scales.
+TEST(QuantMedium, Fp8EveryCodePointAndBlockShape) {
+  const KernelTable* fast = medium_fast();
+  if (fast == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  std::mt19937 rng(9);
+  const int64_t n = 9, k = 264;
+  for (const int block : {16, 128}) {
+    auto q = quantize_fp8_block(random_values(static_cast<size_t>(n * k), rng).data(), n, k, false, block);
+    for (int64_t i = 0; i < (n - 1) * k; ++i) {
+      const auto code = static_cast<uint8_t>(i % 256);
+      q.data[static_cast<size_t>(i)] = (code & 0x7F) == 0x7F ? 0x3C : code;
+    }
+    q.data[static_cast<size_t>((n - 1) * k + 100)] = 0xFF;  // the last row only
+    const PackedWeight w = q.view();
+    for (const int64_t m : {1, 2, 5}) {
+      const auto x = random_values(static_cast<size_t>(m * k), rng);
+      const auto want = run(medium_reference(), w, x, m, k, 0, n, n);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) EXPECT_EQ(std::isnan(want[i * n + j]), j == n - 1) << i << ", " << j;
+      expect_same(run(*fast, w, x, m, k, 0, n, n), want, "fp8 code points, block " + std::to_string(block));
+    }
+  }
+  // E8M0 scale codes (ScaleType::e8m0: 2^(c - 127) per 128 × 128 block).
+  auto e8 = quantize_fp8_block(random_values(static_cast<size_t>(n * k), rng).data(), n, k);
+  e8.scale_type = ScaleType::e8m0;
+  std::vector<uint8_t> codes(e8.scales.size() / 4);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(120 + 3 * i);
+  e8.scales = codes;
+  const PackedWeight w = e8.view();
+  const auto x = random_values(static_cast<size_t>(2 * k), rng);
+  expect_same(run(*fast, w, x, 2, k, 0, n, n), run(medium_reference(), w, x, 2, k, 0, n, n), "fp8 e8m0");
+}
+
+// Scale codes the fast decode leaves to the reference (MXFP4 0xFF and 0, NVFP4 0x7F), an NVFP4 global scale
+// ≥ 2^8 and E4M3 subnormal scales under denormals-are-zero: still the reference's bits.
+TEST(QuantMedium, Fp4ScaleEdgeCases) {
+  const KernelTable* fast = medium_fast();
+  if (fast == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  std::mt19937 rng(21);
+  const int64_t n = 10, k = 320;
+  auto mx = quantize_mxfp4(random_values(static_cast<size_t>(n * k), rng).data(), n, k);
+  mx.scales[static_cast<size_t>(2 * (k / 32) + 3)] = 0xFF;
+  mx.scales[static_cast<size_t>(7 * (k / 32) + 9)] = 0x00;  // 2^-127, in the k tail chunk
+  auto nv = quantize_nvfp4(random_values(static_cast<size_t>(n * k), rng).data(), n, k);
+  nv.scales[static_cast<size_t>(5 * (k / 16) + 1)] = 0x7F;
+  for (size_t i = 0; i < nv.scales.size(); i += 3) nv.scales[i] = static_cast<uint8_t>(i % 8);  // subnormals
+  auto nv_big = nv;
+  nv_big.scales[static_cast<size_t>(5 * (k / 16) + 1)] = 0x30;
+  nv_big.global_scale = 300.0f;
+  for (const QuantizedMatrix* q : {&mx, &nv, &nv_big})
+    for (const int64_t m : {1, 4}) {
+      const PackedWeight w = q->view();
+      const auto x = random_values(static_cast<size_t>(m * k), rng);
+      const auto want = run(medium_reference(), w, x, m, k, 0, n, n);
+      const std::string what = std::string(weight_format_name(w.format)) + " m=" + std::to_string(m);
+      if (q == &mx) {
+        for (int64_t i = 0; i < m; ++i) EXPECT_TRUE(std::isnan(want[i * n + 2])) << what;
+      }
+      expect_same(run(*fast, w, x, m, k, 0, n, n), want, what);
+      const unsigned csr = _mm_getcsr();
+      _mm_setcsr(csr | 0x40);  // DAZ
+      const auto want_daz = run(medium_reference(), w, x, m, k, 0, n, n);
+      const auto got_daz = run(*fast, w, x, m, k, 0, n, n);
+      _mm_setcsr(csr);
+      expect_same(got_daz, want_daz, what + " under DAZ");
+    }
+}
+
+}  // namespace
+}  // namespace xmoe::kernels::quant
