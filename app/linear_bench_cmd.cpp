@@ -17,6 +17,7 @@
 #include "kernels/quant/quantize.hpp"
 #include "kernels/read_bandwidth.hpp"
 #include "linear_rows_bench.hpp"
+#include "matmul_precision_option.hpp"
 #include "stats.hpp"
 #include "util/clock.hpp"
 #include "xmoe/dtype.hpp"
@@ -117,6 +118,7 @@ CLI::App* add_linear_bench_subcommand(CLI::App& app, LinearBenchOptions& o) {
   cmd->add_option("--madvise", o.madvise, "with --model: advice on the mapped weights first")
       ->check(CLI::IsMember({"none", "hugepage", "sequential", "willneed"}))
       ->capture_default_str();
+  add_matmul_precision_option(cmd, o.matmul_precision);
   return cmd;
 }
 
@@ -126,11 +128,13 @@ int run_linear_bench(const LinearBenchOptions& o) {
   const bool thread_clock = o.clock == "thread";
   omp_set_num_threads(o.threads);
   const auto features = kernels::detect_cpu_features();
-  const kernels::KernelTable& table = o.isa.empty()
-                                          ? kernels::best_kernel_table(features)
-                                          : kernels::kernel_table(kernels::parse_isa(o.isa), features);
-  std::printf("cpu: %s, kernel level %s, %d threads, %s clock\n", features.str().c_str(),
-              kernels::isa_name(table.isa), o.threads, o.clock.c_str());
+  const kernels::MatmulPrecision precision =
+      effective_matmul_precision(o.matmul_precision, o.isa, DType::bf16);
+  const kernels::KernelTable& table = kernels::kernel_table(
+      o.isa.empty() ? kernels::best_isa(features) : kernels::parse_isa(o.isa), features, precision);
+  std::printf("cpu: %s, kernel level %s, %s precision, %d threads, %s clock\n", features.str().c_str(),
+              kernels::isa_name(table.isa), kernels::matmul_precision_name(table.precision), o.threads,
+              o.clock.c_str());
   if (!o.model.empty()) {
     DecodeProfileOptions p;
     p.model = o.model;

@@ -18,6 +18,7 @@ struct LinearBenchOptions {
   std::vector<int64_t> rows;   // non-empty: the row sweep of linear_rows_bench.hpp instead
   std::string model;           // non-empty: the per-op decode-step profile of decode_profile.hpp instead
   std::string madvise = "none";
+  std::string matmul_precision = "highest";  // highest | medium (bf16 products, as generate's option)
 };
 
 CLI::App* add_linear_bench_subcommand(CLI::App& app, LinearBenchOptions& o);

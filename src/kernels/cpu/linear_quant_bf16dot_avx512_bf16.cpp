@@ -4,8 +4,9 @@
 //  * FP4: 64 bytes read as 32 words hold 4 nibbles each; nibble s of every word (a shift by 4·s) indexes a
 //    32-word table of the E2M1 values' bf16 bits twice over (VPERMW reads an index's low 5 bits, so no mask);
 //  * FP8: the low / high byte of each word, moved into the word's high byte and shifted right arithmetically
-//    by 4, gives S.EEEE.MMM in bf16 position; the exponent rebiased by OR-ing 112 (value × 2^-8), E4M3
-//    subnormals and zeros (exponent 0) replaced by a masked VPERMW from an 8-entry table.
+//    by 4, gives S.EEEE.MMM in bf16 position; the exponent rebiased by OR-ing 112 (value × 2^-8). E4M3
+//    subnormals and zeros (exponent 0) are replaced by a masked VPERMW from an 8-entry table, only in the
+//    chunks that hold one (a branch per chunk, rarely taken on trained or random weights).
 // Block scales multiply the f32 partial sums once per lane and chunk (one masked FMA per 32 FP4 or 64 FP8
 // weights and row). E2M1 / E8M0 / E4M3 scale codes become f32 by shifts; the codes those shifts do not decode
 // (NaN and E8M0 0 scales, FP8 NaN elements) are rare enough to be tracked by a running max/min, and a tile
@@ -131,8 +132,8 @@ struct Fp4Scales {
     const __m512i placed = _mm512_shuffle_epi8(_mm512_maskz_broadcastq_epi64(0xff, q), control);
     if constexpr (NV) {
       guard = _mm_max_epu8(guard, _mm_or_si128(q, _mm_set1_epi8(-128)));
-      const __m512i bits =
-          _mm512_and_si512(_mm512_maskz_srai_epi32(0xffff, placed, 4), _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
+      const __m512i bits = _mm512_and_si512(_mm512_maskz_srai_epi32(0xffff, placed, 4),
+                                            _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
       return _mm512_mul_ps(_mm512_castsi512_ps(bits), global);
     } else {
       // Only the chunk's codes count (the bytes past them are zeros): the others are made 0xFF.
@@ -249,50 +250,87 @@ inline __m512bh e4m3_to_bf16(__m512i high, __m512i subnormals) {
   return (__m512bh)_mm512_ternarylogic_epi32(mag, t, _mm512_set1_epi16(static_cast<short>(0x8000)), 0xF8);
 }
 
+// Words whose high byte is an E4M3 code of exponent ≥ 1 (not NaN) → that code's value × 2^-8 in bf16:
+// (t & 0x87F0) | 0x3800, i.e. exponent 112 + E.
+inline __m512bh e4m3_normal_to_bf16(__m512i high) {
+  const __m512i t = _mm512_srai_epi16(high, 4);
+  return (__m512bh)_mm512_ternarylogic_epi32(t, _mm512_set1_epi16(static_cast<short>(0x87F0)),
+                                             _mm512_set1_epi16(0x3800), 0xEA);
+}
+
+// One chunk (64 columns from c) of NR FP8 rows against MR x rows, block multipliers `mult`. Chunks whose
+// codes all have exponent ≥ 1 (the common case) take the two-instruction decode; a chunk with a zero or
+// subnormal code takes the one with the table fix-up.
+template <int MR, int NR>
+inline void fp8_chunk(const uint8_t* const* rows, int64_t c, int64_t k, const uint16_t* xp, int64_t padded,
+                      const __m512* mult, __m512 (&acc)[MR][NR], __m512i& guard, int64_t ahead) {
+  const int64_t left = k - c;
+  __m512i raw[NR];
+  __mmask64 exponent0 = 0;
+#pragma GCC unroll 8
+  for (int j = 0; j < NR; ++j) {
+    const uint8_t* d = rows[j] + c;
+    if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(d + ahead), _MM_HINT_T1);
+    raw[j] = left >= 64 ? _mm512_loadu_si512(d) : _mm512_maskz_loadu_epi8(byte_mask(left), d);
+    guard = _mm512_max_epu8(guard, _mm512_or_si512(raw[j], _mm512_set1_epi8(-128)));
+    // Bytes past k are zeros; their products are zero either way.
+    exponent0 |= _mm512_mask_testn_epi8_mask(byte_mask(left), raw[j], _mm512_set1_epi8(0x78));
+  }
+  __m512 part[MR][NR];
+  const bool fixup = exponent0 != 0;
+  const __m512i subnormals = e4m3_subnormal_table();
+#pragma GCC unroll 2
+  for (int s = 0; s < 2; ++s) {
+    __m512bh wv[NR];
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      const __m512i high = s == 0 ? _mm512_slli_epi16(raw[j], 8) : raw[j];
+      wv[j] = __builtin_expect(fixup, 0) ? e4m3_to_bf16(high, subnormals) : e4m3_normal_to_bf16(high);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh xv = (__m512bh)_mm512_load_si512(xp + i * padded + c + 32 * s);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j)
+        part[i][j] = _mm512_dpbf16_ps(s == 0 ? _mm512_setzero_ps() : part[i][j], xv, wv[j]);
+    }
+  }
+  const __mmask16 lanes = lane_mask((left + 3) / 4);
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_mask3_fmadd_ps(part[i][j], mult[j], acc[i][j], lanes);
+}
+
 template <int MR, int NR>
 bool fp8_tile(const Fp8Scales& sc, const uint8_t* data, int64_t row_bytes, int64_t n, int64_t k,
               const uint16_t* xp, int64_t padded, float* y, int64_t ldy, int64_t ahead) {
-  const __m512i subnormals = e4m3_subnormal_table();
   int64_t base[NR];
-  for (int j = 0; j < NR; ++j) base[j] = (n + j) / sc.w->block_rows * sc.w->scale_row_stride;
+  const uint8_t* rows[NR];
+  for (int j = 0; j < NR; ++j) {
+    base[j] = (n + j) / sc.w->block_rows * sc.w->scale_row_stride;
+    rows[j] = data + (n + j) * row_bytes;
+  }
   __m512i guard = _mm512_setzero_si512();
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < k; c += 64) {
-    const int64_t left = k - c;
-    __m512i raw[NR];
-    __m512 mult[NR];
+  __m512 mult[NR];
+  const int64_t bc = sc.w->block_cols;
+  if (bc % 64 == 0) {  // chunks never straddle blocks: one broadcast multiplier per block and row
+    for (int64_t p0 = 0, b = 0; p0 < k; p0 += bc, ++b) {
 #pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) {
-      const uint8_t* d = data + (n + j) * row_bytes + c;
-      if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(d + ahead), _MM_HINT_T1);
-      raw[j] = left >= 64 ? _mm512_loadu_si512(d) : _mm512_maskz_loadu_epi8(byte_mask(left), d);
-      guard = _mm512_max_epu8(guard, _mm512_or_si512(raw[j], _mm512_set1_epi8(-128)));
-      mult[j] = sc.chunk(base[j], c, k);
+      for (int j = 0; j < NR; ++j) mult[j] = _mm512_set1_ps(sc.get(base[j] + b) * 0x1p8f);
+      for (int64_t c = p0; c < std::min(k, p0 + bc); c += 64)
+        fp8_chunk<MR, NR>(rows, c, k, xp, padded, mult, acc, guard, ahead);
     }
-    __m512 part[MR][NR];
-#pragma GCC unroll 2
-    for (int s = 0; s < 2; ++s) {
-      __m512bh wv[NR];
-#pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j)
-        wv[j] = e4m3_to_bf16(s == 0 ? _mm512_slli_epi16(raw[j], 8) : raw[j], subnormals);
-#pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) {
-        const __m512bh xv = (__m512bh)_mm512_load_si512(xp + i * padded + c + 32 * s);
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j)
-          part[i][j] = _mm512_dpbf16_ps(s == 0 ? _mm512_setzero_ps() : part[i][j], xv, wv[j]);
-      }
+  } else {
+    for (int64_t c = 0; c < k; c += 64) {
+      for (int j = 0; j < NR; ++j) mult[j] = sc.chunk(base[j], c, k);
+      fp8_chunk<MR, NR>(rows, c, k, xp, padded, mult, acc, guard, ahead);
     }
-    const __mmask16 lanes = lane_mask((left + 3) / 4);
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_mask3_fmadd_ps(part[i][j], mult[j], acc[i][j], lanes);
   }
   if (_mm512_cmpeq_epi8_mask(guard, _mm512_set1_epi8(-1)) != 0) return false;
   for (int i = 0; i < MR; ++i)
