@@ -16,6 +16,11 @@ the baseline of the ratios: decode tok/s over the baseline's, the baseline's byt
 and prefill tok/s over the baseline's. Prints the CPU and the load average before and after. Standard library
 only (CI has no virtualenv).
 
+--precision medium runs the linears at `--matmul-precision medium` (bf16 products; AVX512-BF16). --variants
+compares builds and precisions in the same run, e.g. `--variants base=/tmp/main/xmoe:highest,highest,medium`
+(NAME=XMOE:PRECISION, XMOE and PRECISION optional): every checkpoint is run by each variant in turn, repeat by
+repeat (A/B alternated while its files are in the page cache), and gets one row per variant.
+
 With --profile, each format also gets `xmoe linear-bench --model DIR` (the same threads): one batch-1 decode
 step's weight-reading ops per class (attention projections, router, routed experts, lm_head) over the
 checkpoint's mapped weights, time, bytes and GB/s against that run's read probe, and the rest of a decoded
@@ -66,7 +71,7 @@ def warm_page_cache(directory):
                     pass
 
 
-def run(xmoe, directory, threads, prompt_len, decode):
+def run(xmoe, directory, threads, prompt_len, decode, precision):
     with open(os.path.join(directory, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
     ids = ",".join(str((100 + i * 37) % vocab) for i in range(prompt_len))
@@ -74,6 +79,8 @@ def run(xmoe, directory, threads, prompt_len, decode):
            "--temperature", "0", "--threads", str(threads), "--measure-bandwidth", "--no-stream",
            # pages the weights in first: without it prefill times first-touch page faults of the mapping
            "--warmup"]
+    if precision != "highest":  # older builds lack the option
+        cmd += ["--matmul-precision", precision]
     # OpenMP's default spin-wait makes a loaded machine's barriers cost time slices (decode 100× slower seen on
     # a tiny model at load 14): passive waiting unless the caller chose otherwise.
     env = dict(os.environ)
@@ -88,12 +95,14 @@ def run(xmoe, directory, threads, prompt_len, decode):
     return row
 
 
-def profile(xmoe, directory, threads, steps):
+def profile(xmoe, directory, threads, steps, precision):
     """{op class: (ms/step, MB/step, GB/s, % of probe)} and (anonymous, mapped) probe GB/s of one profile run."""
     env = dict(os.environ)
     env.setdefault("OMP_WAIT_POLICY", "passive")
-    out = subprocess.run([xmoe, "linear-bench", "--model", directory, "--threads", str(threads), "--reps", str(steps)],
-                         capture_output=True, text=True, check=True, env=env).stdout
+    cmd = [xmoe, "linear-bench", "--model", directory, "--threads", str(threads), "--reps", str(steps)]
+    if precision != "highest":
+        cmd += ["--matmul-precision", precision]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
     rows = {}
     for line in out.splitlines():
         m = PROFILE_ROW.match(line.strip())
@@ -121,8 +130,19 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", action="store_true", help="also the per-op breakdown of a decode step")
     p.add_argument("--profile-steps", type=int, default=9, help="timed decode steps of each profile")
+    p.add_argument("--precision", choices=("highest", "medium"), default="highest",
+                   help="--matmul-precision of every run (default of --variants)")
+    p.add_argument("--variants", help="NAME=XMOE:PRECISION,... builds / precisions run in turn on every checkpoint")
     p.add_argument("checkpoints", nargs="*", help="format=directory; the first is the baseline")
     a = p.parse_args()
+    variants = []  # (name, xmoe, precision)
+    for v in (a.variants.split(",") if a.variants else [""]):
+        name, _, rest = v.rpartition("=") if "=" in v else ("", "", v)
+        xmoe, _, precision = rest.rpartition(":") if ":" in rest else ("", "", rest)
+        precision = precision or a.precision
+        if precision not in ("highest", "medium"):
+            sys.exit(f"--variants: unknown precision '{precision}' in '{v}'")
+        variants.append((name or precision, xmoe or a.xmoe, precision))
     specs = list(a.checkpoints)
     if a.config:
         if not a.workdir:
@@ -135,14 +155,19 @@ def main():
     rows = []
     profiles = {}
     for spec in specs:
-        name, directory = spec.split("=", 1)
+        fmt, directory = spec.split("=", 1)
         warm_page_cache(directory)
-        runs = [run(a.xmoe, directory, a.threads, a.prompt, a.decode) for _ in range(a.repeats)]
-        rows.append((name, median_row(runs)))
-        if a.profile:
-            profiles[name] = profile(a.xmoe, directory, a.threads, a.profile_steps)
-        decodes = ", ".join(f"{r['decode'][0]:.2f}" for r in runs)
-        print(f"{name}: done ({decodes} decode tok/s)", file=sys.stderr)
+        runs = {v: [] for v in variants}
+        for _ in range(a.repeats):
+            for v in variants:
+                runs[v].append(run(v[1], directory, a.threads, a.prompt, a.decode, v[2]))
+        for v in variants:
+            name = fmt if len(variants) == 1 else f"{fmt} {v[0]}"
+            rows.append((name, median_row(runs[v])))
+            if a.profile:
+                profiles[name] = profile(v[1], directory, a.threads, a.profile_steps, v[2])
+            decodes = ", ".join(f"{r['decode'][0]:.2f}" for r in runs[v])
+            print(f"{name}: done ({decodes} decode tok/s)", file=sys.stderr)
     load_after = os.getloadavg()
     base = rows[0][1]
     print(f"{info[0] if info else ''}; {a.threads} threads, batch 1, medians of {a.repeats} runs, OMP_WAIT_POLICY="

@@ -12,7 +12,7 @@
 // (NaN and E8M0 0 scales, FP8 NaN elements) are rare enough to be tracked by a running max/min, and a tile
 // that met one is computed again by the reference.
 // x rows are rounded to bf16 once per call, in the chunk order the weights unpack to. Weight rows stream in
-// groups of kGroupRows, each group against every tile of x rows while it is in L1, the group after next
+// small groups (stream()), each group against every tile of x rows while it is in L1, the group after next
 // prefetched into L2 meanwhile.
 #include <immintrin.h>
 
@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/cpu/linear_quant_bf16dot.hpp"
@@ -30,9 +31,6 @@
 
 namespace xmoe::kernels::avx512_bf16 {
 namespace {
-
-constexpr int kGroupRows = 4;  // weight rows per tile: 2 x rows × 4 → 8 partials + 8 accumulators
-constexpr int kTileRows = 2;
 
 // reduce_lanes (linear_lanes.hpp) in registers.
 inline float reduce16(__m512 v) {
@@ -350,17 +348,47 @@ void redo(const LinearArgs& a, LinearFn reference, int64_t i0, int64_t rows, int
   reference(part);
 }
 
-// Weight rows in groups of NR (then one by one), each group against every tile of up to kTileRows x rows.
+// Weight rows in groups of NR (then one by one), each group against every tile of up to MRMAX x rows while
+// it is in L1.
+template <int MRMAX, int NR, class Tile>
+void stream_shape(const LinearArgs& a, const Tile& tile) {
+  int64_t n = a.n0;
+  for (; n + NR <= a.n1; n += NR)
+    for (int64_t i0 = 0; i0 < a.m; i0 += MRMAX)
+      tile.template run<MRMAX, NR>(i0, std::min<int64_t>(MRMAX, a.m - i0), n);
+  for (; n < a.n1; ++n)
+    for (int64_t i0 = 0; i0 < a.m; i0 += MRMAX)
+      tile.template run<MRMAX, 1>(i0, std::min<int64_t>(MRMAX, a.m - i0), n);
+}
+
+// Decode (m ≤ 3): 4 weight rows against tiles of up to 2 x rows. Prefill: 2 weight rows against tiles of up
+// to 4 x rows, so each weight vector decoded feeds twice the products. Both keep their partial sums,
+// accumulators, weights and multipliers in the 32 vector registers; the shape changes no bit.
 template <class Tile>
 void stream(const LinearArgs& a, const Tile& tile) {
-  const int64_t n1 = a.n1;
-  int64_t n = a.n0;
-  for (; n + kGroupRows <= n1; n += kGroupRows)
-    for (int64_t i0 = 0; i0 < a.m; i0 += kTileRows)
-      tile.template run<kGroupRows>(i0, std::min<int64_t>(kTileRows, a.m - i0), n);
-  for (; n < n1; ++n)
-    for (int64_t i0 = 0; i0 < a.m; i0 += kTileRows)
-      tile.template run<1>(i0, std::min<int64_t>(kTileRows, a.m - i0), n);
+  if (a.m <= 3) return stream_shape<2, 4>(a, tile);
+  stream_shape<4, 2>(a, tile);
+}
+
+// f(std::integral_constant<int, MR>) for MR = rows (1..MRMAX).
+template <int MRMAX, class F>
+bool dispatch_rows(int64_t rows, const F& f) {
+  switch (rows) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      if constexpr (MRMAX >= 2) return f(std::integral_constant<int, 2>{});
+      break;
+    case 3:
+      if constexpr (MRMAX >= 3) return f(std::integral_constant<int, 3>{});
+      break;
+    case 4:
+      if constexpr (MRMAX >= 4) return f(std::integral_constant<int, 4>{});
+      break;
+    default:
+      break;
+  }
+  return false;  // not reached: the caller redoes the tile
 }
 
 template <bool NV>
@@ -370,7 +398,7 @@ struct Fp4Tile {
   int64_t padded;
   __m512 global;
   LinearFn reference;
-  template <int NR>
+  template <int MRMAX, int NR>
   void run(int64_t i0, int64_t rows, int64_t n) const {
     const PackedWeight& w = *a.w;
     const auto* data = reinterpret_cast<const uint8_t*>(w.data) + n * w.row_bytes;
@@ -379,10 +407,10 @@ struct Fp4Tile {
     const int64_t ahead = i0 == 0 && n + 3 * NR <= a.n1 ? 2 * NR * w.row_bytes : 0;
     const uint16_t* x = xp + i0 * padded;
     float* y = a.y + i0 * a.ldy + n;
-    const bool ok = rows == 1 ? fp4_tile<NV, 1, NR>(data, w.row_bytes, codes, w.scale_row_stride, w.cols, x,
-                                                    padded, y, a.ldy, global, ahead)
-                              : fp4_tile<NV, 2, NR>(data, w.row_bytes, codes, w.scale_row_stride, w.cols, x,
-                                                    padded, y, a.ldy, global, ahead);
+    const bool ok = dispatch_rows<MRMAX>(rows, [&](auto mr) {
+      return fp4_tile<NV, decltype(mr)::value, NR>(data, w.row_bytes, codes, w.scale_row_stride, w.cols, x,
+                                                   padded, y, a.ldy, global, ahead);
+    });
     if (!ok) redo(a, reference, i0, rows, n, NR);
   }
 };
@@ -393,16 +421,17 @@ struct Fp8Tile {
   const uint16_t* xp;
   int64_t padded;
   LinearFn reference;
-  template <int NR>
+  template <int MRMAX, int NR>
   void run(int64_t i0, int64_t rows, int64_t n) const {
     const PackedWeight& w = *a.w;
     const auto* data = reinterpret_cast<const uint8_t*>(w.data);
     const int64_t ahead = i0 == 0 && n + 3 * NR <= a.n1 ? 2 * NR * w.row_bytes : 0;
     const uint16_t* x = xp + i0 * padded;
     float* y = a.y + i0 * a.ldy;
-    const bool ok = rows == 1
-                        ? fp8_tile<1, NR>(scales, data, w.row_bytes, n, w.cols, x, padded, y, a.ldy, ahead)
-                        : fp8_tile<2, NR>(scales, data, w.row_bytes, n, w.cols, x, padded, y, a.ldy, ahead);
+    const bool ok = dispatch_rows<MRMAX>(rows, [&](auto mr) {
+      return fp8_tile<decltype(mr)::value, NR>(scales, data, w.row_bytes, n, w.cols, x, padded, y, a.ldy,
+                                               ahead);
+    });
     if (!ok) redo(a, reference, i0, rows, n, NR);
   }
 };
