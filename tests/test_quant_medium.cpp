@@ -152,7 +152,7 @@ void check_format(WeightFormat f, const std::vector<Shape>& shapes) {
     const QuantizedMatrix q =
         quantize(f, random_values(static_cast<size_t>(s.n * s.k), rng, 0.05f), s.n, s.k);
     const PackedWeight w = q.view();
-    for (const int64_t m : {1, 2, 3, 5, 8}) {
+    for (const int64_t m : {1, 2, 3, 5, 6, 7, 8}) {
       const int64_t ldx = s.k + 3, ldy = s.n + 2;
       const auto x = random_values(static_cast<size_t>(m * ldx), rng);
       for (const auto& [n0, n1] : {std::pair<int64_t, int64_t>{0, s.n}, {s.n / 3, s.n - s.n / 4}}) {

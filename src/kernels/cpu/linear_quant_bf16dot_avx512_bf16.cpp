@@ -66,6 +66,16 @@ Buffer pack_x(const LinearArgs& a, int64_t chunk, int64_t padded) {
   Buffer out(static_cast<uint16_t*>(std::aligned_alloc(64, static_cast<size_t>((a.m + 1) * padded * 2))));
   XMOE_CHECK(out != nullptr, "linear: out of memory for ", a.m, " bf16 rows of ", k);
   uint16_t* plain = out.get() + a.m * padded;  // the last slot: one row in k order
+  // Step s's word 2l + h takes element (C/16)·l + (C/32)·h + s of its chunk; VPERMT2W reads 64 words, so
+  // C = 128 takes words 0..15 from elements 0..63 and 16..31 from 64..127 with the same indices mod 64.
+  __m512i order[4];
+  for (int s = 0; s < chunk / 32; ++s) {
+    alignas(64) uint16_t idx[32];
+    for (int l = 0; l < 16; ++l)
+      for (int h = 0; h < 2; ++h)
+        idx[2 * l + h] = static_cast<uint16_t>((chunk / 16 * l + chunk / 32 * h + s) % 64);
+    order[s] = _mm512_load_si512(idx);
+  }
   for (int64_t i = 0; i < a.m; ++i) {
     const float* row = a.x + i * a.ldx;
     for (int64_t p = 0; p < padded; p += 16) {
@@ -75,11 +85,17 @@ Buffer pack_x(const LinearArgs& a, int64_t chunk, int64_t padded) {
                          round_to_bf16(_mm512_maskz_loadu_epi32(mask, row + p)));
     }
     uint16_t* dst = out.get() + i * padded;
-    for (int64_t c = 0; c < padded; c += chunk)
-      for (int64_t s = 0; s < chunk / 32; ++s)
-        for (int64_t l = 0; l < 16; ++l)
-          for (int64_t h = 0; h < 2; ++h)
-            dst[c + 32 * s + 2 * l + h] = plain[c + chunk / 16 * l + chunk / 32 * h + s];
+    for (int64_t c = 0; c < padded; c += chunk) {
+      const __m512i* src = reinterpret_cast<const __m512i*>(plain + c);
+      for (int s = 0; s < chunk / 32; ++s) {
+        __m512i v = _mm512_permutex2var_epi16(_mm512_load_si512(src), order[s], _mm512_load_si512(src + 1));
+        if (chunk == 128)  // words 16..31 come from elements 64..127
+          v = _mm512_mask_blend_epi16(
+              0xFFFF0000u, v,
+              _mm512_permutex2var_epi16(_mm512_load_si512(src + 2), order[s], _mm512_load_si512(src + 3)));
+        _mm512_store_si512(dst + c + 32 * s, v);
+      }
+    }
   }
   return out;
 }
@@ -122,11 +138,15 @@ struct Fp4Scales {
                             0x80008080, 0x80008080, 0x80008080, 0x80008080);
   static constexpr int64_t kBlock = NV ? 16 : 32;
   __m128i guard = NV ? _mm_setzero_si128() : _mm_set1_epi8(-1);
+  // `count` codes from `codes` (fewer than a chunk's in a k tail: there, the bytes past them are made codes
+  // that pass the guard; their lanes are masked off).
   __m512 get(const uint8_t* codes, int64_t count) {
-    const __m128i q = count >= 128 / kBlock
-                          ? (NV ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))
-                                : _mm_cvtsi32_si128(load_u32(codes)))
-                          : _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << count) - 1), codes);
+    const bool full = count >= 128 / kBlock;
+    const auto tail = static_cast<__mmask16>((1u << std::min<int64_t>(count, 16)) - 1);
+    const __m128i q = NV     ? (full ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))
+                                     : _mm_maskz_loadu_epi8(tail, codes))
+                      : full ? _mm_set1_epi32(load_u32(codes))
+                             : _mm_mask_loadu_epi8(_mm_set1_epi8(1), tail, codes);
     const __m512i placed = _mm512_shuffle_epi8(_mm512_maskz_broadcastq_epi64(0xff, q), control);
     if constexpr (NV) {
       guard = _mm_max_epu8(guard, _mm_or_si128(q, _mm_set1_epi8(-128)));
@@ -134,9 +154,7 @@ struct Fp4Scales {
                                             _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
       return _mm512_mul_ps(_mm512_castsi512_ps(bits), global);
     } else {
-      // Only the chunk's codes count (the bytes past them are zeros): the others are made 0xFF.
-      const __mmask16 own = static_cast<__mmask16>((1u << std::min<int64_t>(count, 4)) - 1);
-      guard = _mm_min_epu8(guard, _mm_mask_add_epi8(_mm_set1_epi8(-1), own, q, _mm_set1_epi8(1)));
+      guard = _mm_min_epu8(guard, _mm_add_epi8(q, _mm_set1_epi8(1)));
       return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, placed, 7));
     }
   }
