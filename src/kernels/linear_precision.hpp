@@ -1,8 +1,12 @@
-// The precision of matrix products over BF16 weights, as torch.set_float32_matmul_precision names it:
-//  * highest: f32 arithmetic (weights widened to f32, f32 FMA chains; linear_lanes.hpp's order);
-//  * medium: activations rounded to bf16 (nearest even) and multiplied with the bf16 weights in pairs,
-//    accumulated in f32 (VDPBF16PS on AVX512-BF16; linear_bf16dot.hpp gives the exact arithmetic).
-// Other weight formats (f32, f16, quantized) and attention compute in f32 under either.
+// The precision of matrix products over BF16 and block-quantized weights, as
+// torch.set_float32_matmul_precision names it:
+//  * highest: f32 arithmetic (weights widened or dequantised to f32, f32 FMA chains; linear_lanes.hpp's
+//    order);
+//  * medium: activations rounded to bf16 (nearest even) and multiplied with the weights as bf16 in pairs,
+//    accumulated in f32 (VDPBF16PS on AVX512-BF16). BF16 weights as they are (linear_bf16dot.hpp); FP8 /
+//    MXFP4 / NVFP4 codes, exact in bf16, with the block scales applied to f32 partial sums
+//    (linear_quant_bf16dot.hpp).
+// f32 and f16 weights and attention compute in f32 under either.
 #pragma once
 #include <string>
 
