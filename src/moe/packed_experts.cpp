@@ -18,6 +18,11 @@ bool has_shape(const kernels::PackedWeight& w, int64_t rows, int64_t cols) {
 
 // Rows per activation work item.
 constexpr int64_t kActivationRows = 16;
+// Down tiles at least this wide compute their rows' activation themselves: an activation element costs
+// about as much as a few of the tile's multiply-adds per element, so it adds a few percent to such a tile,
+// less than a barrier of the team at decode (where the tiles are an expert's columns split across the
+// threads). Narrower tiles (prefill's, many rows each) share one activation pass instead.
+constexpr int64_t kFusedActivationColumns = 256;
 
 // A format the table has no kernel for is named when the experts are built, not at their first batch.
 void check_kernel(const kernels::KernelTable& table, const kernels::PackedWeight& w, size_t expert,
@@ -119,24 +124,42 @@ void PackedSwigluExperts::forward_rows(const float* x, std::span<const ExpertRan
     if (t.n1 > I)
       kernels::linear_forward_columns(*table_, w.up, xe, r, M, std::max(t.n0, I) - I, t.n1 - I, g + I, 2 * I);
   };
-  const auto activation_rows = [&](const ExpertRange& chunk) {
-    const SwigluWeights& w = experts_[static_cast<size_t>(chunk.expert)];
-    for (int64_t i = chunk.begin; i < chunk.end; ++i) {
-      float* row = gu + i * 2 * I;
-      if (!w.gate_up_bias.empty())
-        for (int64_t j = 0; j < 2 * I; ++j) row[j] += w.gate_up_bias[static_cast<size_t>(j)];
+  // Rows [begin, end) of expert e's gate/up outputs into out (I values a row); `row` is scratch for a row
+  // with its bias added, so gu itself is only read.
+  const auto activate = [&](int32_t expert, int64_t begin, int64_t end, float* out, float* row) {
+    const SwigluWeights& w = experts_[static_cast<size_t>(expert)];
+    for (int64_t i = begin; i < end; ++i) {
+      const float* in = gu + i * 2 * I;
+      if (!w.gate_up_bias.empty()) {
+        for (int64_t j = 0; j < 2 * I; ++j) row[j] = in[j] + w.gate_up_bias[static_cast<size_t>(j)];
+        in = row;
+      }
+      float* o = out + (i - begin) * I;
       if (table_silu)
-        table_->silu_mul_f32(row, row + I, act + i * I, I);
+        table_->silu_mul_f32(in, in + I, o, I);
       else
-        gated_activation_row(descriptor_, row, act + i * I, I);
+        gated_activation_row(descriptor_, in, o, I);
     }
   };
-  const auto down_tile = [&](const ExpertTile& t) {
+  // Each down tile activates its own rows when every tile is wide (see kFusedActivationColumns): one
+  // barrier of the team less per layer. Either way an activation is the same function of the same gate/up
+  // values, so the bits do not change.
+  bool fused = true;
+  for (const ExpertTile& t : down_tiles_) fused = fused && t.n1 - t.n0 >= kFusedActivationColumns;
+  int64_t most_rows = 0;
+  for (const ExpertRange& rg : ranges) most_rows = std::max(most_rows, rg.end - rg.begin);
+  const auto down_tile = [&](const ExpertTile& t, Buffer<float>& local) {
     const ExpertRange& rg = ranges[static_cast<size_t>(t.range)];
     const SwigluWeights& w = experts_[static_cast<size_t>(rg.expert)];
     const int64_t r = rg.end - rg.begin;
     float* ye = y + rg.begin * M;
-    kernels::linear_forward_columns(*table_, w.down, act + rg.begin * I, r, I, t.n0, t.n1, ye, M);
+    const float* a = act + rg.begin * I;
+    if (fused) {
+      float* own = local.ensure(static_cast<size_t>((most_rows + 2) * I));
+      activate(rg.expert, rg.begin, rg.end, own, own + most_rows * I);
+      a = own;
+    }
+    kernels::linear_forward_columns(*table_, w.down, a, r, I, t.n0, t.n1, ye, M);
     if (!w.down_bias.empty())
       for (int64_t i = 0; i < r; ++i)
         for (int64_t j = t.n0; j < t.n1; ++j) ye[i * M + j] += w.down_bias[static_cast<size_t>(j)];
@@ -153,17 +176,24 @@ void PackedSwigluExperts::forward_rows(const float* x, std::span<const ExpertRan
     }
   };
   const auto gate_up_count = static_cast<int64_t>(gate_up_tiles_.size());
-  const auto chunk_count = static_cast<int64_t>(row_chunks_.size());
+  const auto chunk_count = fused ? 0 : static_cast<int64_t>(row_chunks_.size());
   const auto down_count = static_cast<int64_t>(down_tiles_.size());
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
+    Buffer<float> local;  // a fused down tile's activations and a biased gate/up row
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < gate_up_count; ++i)
       guarded([&] { gate_up_tile(gate_up_tiles_[static_cast<size_t>(i)]); });
+    if (!fused) {
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < chunk_count; ++i) activation_rows(row_chunks_[static_cast<size_t>(i)]);
+      for (int64_t i = 0; i < chunk_count; ++i) {
+        const ExpertRange& c = row_chunks_[static_cast<size_t>(i)];
+        activate(c.expert, c.begin, c.end, act + c.begin * I, local.ensure(static_cast<size_t>(2 * I)));
+      }
+    }
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < down_count; ++i) guarded([&] { down_tile(down_tiles_[static_cast<size_t>(i)]); });
+    for (int64_t i = 0; i < down_count; ++i)
+      guarded([&] { down_tile(down_tiles_[static_cast<size_t>(i)], local); });
   }
   if (failure) std::rethrow_exception(failure);
 }

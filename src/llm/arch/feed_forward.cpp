@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "kernels/linear.hpp"
+#include "llm/layers/linear_parts.hpp"
 #include "llm/layers/quantized_views.hpp"
 #include "moe/parallel.hpp"
 #include "moe/routed_experts.hpp"
@@ -31,11 +32,7 @@ class DenseSwiglu final : public FeedForward {
         6.0 * static_cast<double>(T) * static_cast<double>(I) * static_cast<double>(down_.rows));
     float* gu = gu_.ensure(static_cast<size_t>(T * 2 * I));
     float* act = act_.ensure(static_cast<size_t>(T * I));
-    int64_t col = 0;
-    for (const PackedWeight& w : parts_) {
-      kernels::linear_forward(*table_, w, x, T, w.cols, gu + col, 2 * I);
-      col += w.rows;
-    }
+    linear_forward_parts(*table_, parts_, x, T, down_.rows, gu, 2 * I);
     moe::parallel_rows(T, 16, [&](int64_t a, int64_t b) {
       for (int64_t t = a; t < b; ++t)
         table_->silu_mul_f32(gu + t * 2 * I, gu + t * 2 * I + I, act + t * I, I);
