@@ -18,11 +18,6 @@ bool has_shape(const kernels::PackedWeight& w, int64_t rows, int64_t cols) {
 
 // Rows per activation work item.
 constexpr int64_t kActivationRows = 16;
-// Down tiles at least this wide compute their rows' activation themselves: an activation element costs
-// about as much as a few of the tile's multiply-adds per element, so it adds a few percent to such a tile,
-// less than a barrier of the team at decode (where the tiles are an expert's columns split across the
-// threads). Narrower tiles (prefill's, many rows each) share one activation pass instead.
-constexpr int64_t kFusedActivationColumns = 256;
 
 // A format the table has no kernel for is named when the experts are built, not at their first batch.
 void check_kernel(const kernels::KernelTable& table, const kernels::PackedWeight& w, size_t expert,
