@@ -3,7 +3,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <exception>
+#include <thread>
 
 #include "kernels/linear.hpp"
 #include "xmoe/error.hpp"
@@ -136,8 +138,8 @@ void PackedSwigluExperts::forward_rows(const float* x, std::span<const ExpertRan
         gated_activation_row(descriptor_, in, o, I);
     }
   };
-  // Each down tile activates its own rows when every tile is wide (see kFusedActivationColumns): one
-  // barrier of the team less per layer. Either way an activation is the same function of the same gate/up
+  // Each down tile activates its own rows when every tile is wide (see kFusedActivationColumns): then the
+  // schedule needs no barrier (below). Either way an activation is the same function of the same gate/up
   // values, so the bits do not change.
   bool fused = true;
   for (const ExpertTile& t : down_tiles_) fused = fused && t.n1 - t.n0 >= kFusedActivationColumns;
@@ -173,22 +175,50 @@ void PackedSwigluExperts::forward_rows(const float* x, std::span<const ExpertRan
   const auto gate_up_count = static_cast<int64_t>(gate_up_tiles_.size());
   const auto chunk_count = fused ? 0 : static_cast<int64_t>(row_chunks_.size());
   const auto down_count = static_cast<int64_t>(down_tiles_.size());
+  if (fused) {
+    // No barrier at all: one queue of every gate_up tile, then every down tile, both in range order, handed
+    // out by one counter. A down tile waits only for its own expert's gate_up tiles (counted down in
+    // `pending`), which by then were all handed out to threads that wait on nothing, so the wait ends; the
+    // first down tiles are the experts finished first, and the tail of gate_up overlaps the start of down
+    // instead of idling at a barrier.
+    std::vector<std::atomic<int32_t>> pending(ranges.size());
+    for (const ExpertTile& t : gate_up_tiles_)
+      pending[static_cast<size_t>(t.range)].fetch_add(1, std::memory_order_relaxed);
+    std::atomic<int64_t> next{0};
+    const int64_t items = gate_up_count + down_count;
 #pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    Buffer<float> local;  // a fused down tile's activations and a biased gate/up row
+    {
+      Buffer<float> local;  // a down tile's activations and a biased gate/up row
+      for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < items;
+           i = next.fetch_add(1, std::memory_order_relaxed)) {
+        if (i < gate_up_count) {
+          const ExpertTile& t = gate_up_tiles_[static_cast<size_t>(i)];
+          guarded([&] { gate_up_tile(t); });
+          pending[static_cast<size_t>(t.range)].fetch_sub(1, std::memory_order_release);
+        } else {
+          const ExpertTile& t = down_tiles_[static_cast<size_t>(i - gate_up_count)];
+          while (pending[static_cast<size_t>(t.range)].load(std::memory_order_acquire) > 0)
+            std::this_thread::yield();
+          guarded([&] { down_tile(t, local); });
+        }
+      }
+    }
+  } else {
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+      Buffer<float> local;  // a biased gate/up row
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < gate_up_count; ++i)
-      guarded([&] { gate_up_tile(gate_up_tiles_[static_cast<size_t>(i)]); });
-    if (!fused) {
+      for (int64_t i = 0; i < gate_up_count; ++i)
+        guarded([&] { gate_up_tile(gate_up_tiles_[static_cast<size_t>(i)]); });
 #pragma omp for schedule(dynamic, 1)
       for (int64_t i = 0; i < chunk_count; ++i) {
         const ExpertRange& c = row_chunks_[static_cast<size_t>(i)];
         activate(c.expert, c.begin, c.end, act + c.begin * I, local.ensure(static_cast<size_t>(2 * I)));
       }
-    }
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < down_count; ++i)
-      guarded([&] { down_tile(down_tiles_[static_cast<size_t>(i)], local); });
+      for (int64_t i = 0; i < down_count; ++i)
+        guarded([&] { down_tile(down_tiles_[static_cast<size_t>(i)], local); });
+    }
   }
   if (failure) std::rethrow_exception(failure);
 }
