@@ -55,27 +55,33 @@ inline __m256i round_to_bf16(__m512i u) {
 }
 
 // 5 to 8 rows run as one tile of kWideTileRows × kWideGroupCols: each weight vector loaded feeds all rows,
-// where two tiles of 4 × 6 load every weight twice.
+// where two tiles of 4 × 6 load every weight twice. 9 to 16 rows do so too (two tiles) while a tile's x rows
+// stay in L1 beside the group (kWideTileBytes: 16 rows at k = 768, 12 at k = 1024); past that the x rows come
+// from L2 and 4 × 6 tiles, which load x half as often per product, were as fast (measured at k = 1024 and
+// 2048).
 constexpr int kWideTileRows = 8;
 constexpr int kWideGroupCols = 3;  // 8 × 3 accumulators + 3 weights + 1 x
+constexpr int64_t kWideTileBytes = 12 * 1024;
 
-inline int64_t tile_rows(int64_t m) {
-  return m > kTileRows && m <= kWideTileRows ? kWideTileRows : kTileRows;
+inline int64_t tile_rows(int64_t m, int64_t steps) {
+  const bool wide =
+      m <= kWideTileRows || (m <= 2 * kWideTileRows && (m + 1) / 2 * steps * 64 <= kWideTileBytes);
+  return m > kTileRows && wide ? kWideTileRows : kTileRows;
 }
-inline int64_t tile_count(int64_t m) {
-  return (m + tile_rows(m) - 1) / tile_rows(m);
+inline int64_t tile_count(int64_t m, int64_t steps) {
+  return (m + tile_rows(m, steps) - 1) / tile_rows(m, steps);
 }
 // Tiles of nearly equal heights (6 rows as 3 + 3, not 4 + 2): tile t covers [tile_start(t), tile_start(t+1)).
-inline int64_t tile_start(int64_t m, int64_t t) {
-  return m * t / tile_count(m);
+inline int64_t tile_start(int64_t m, int64_t t, int64_t steps) {
+  return m * t / tile_count(m, steps);
 }
 
 // x rows [0, m) rounded to bf16 into tile layout: tile t's h rows as [step][row][32] from i0 · steps · 32,
 // zeros past k.
 void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, uint16_t* out) {
   const int64_t steps = (k + 31) / 32;
-  for (int64_t t = 0; t < tile_count(m); ++t) {
-    const int64_t i0 = tile_start(m, t), h = tile_start(m, t + 1) - i0;
+  for (int64_t t = 0; t < tile_count(m, steps); ++t) {
+    const int64_t i0 = tile_start(m, t, steps), h = tile_start(m, t + 1, steps) - i0;
     uint16_t* tile = out + i0 * steps * 32;
     for (int64_t i = 0; i < h; ++i) {
       const float* row = x + (i0 + i) * ldx;
@@ -154,10 +160,10 @@ void group(const uint16_t* xp, int64_t m, int64_t steps, const bf16* w, int64_t 
   constexpr TileFn kTiles[kWideTileRows + 1] = {nullptr,          tile_fn<1, NR>(), tile_fn<2, NR>(),
                                                 tile_fn<3, NR>(), tile_fn<4, NR>(), tile_fn<5, NR>(),
                                                 tile_fn<6, NR>(), tile_fn<7, NR>(), tile_fn<8, NR>()};
-  for (int64_t t = 0; t < tile_count(m); ++t) {
-    const int64_t i0 = tile_start(m, t);
-    kTiles[tile_start(m, t + 1) - i0](xp + i0 * steps * 32, w, ldw, k, y + i0 * ldy, ldy,
-                                      t == 0 ? next : nullptr, t == 0 ? next_bytes : 0);
+  for (int64_t t = 0; t < tile_count(m, steps); ++t) {
+    const int64_t i0 = tile_start(m, t, steps);
+    kTiles[tile_start(m, t + 1, steps) - i0](xp + i0 * steps * 32, w, ldw, k, y + i0 * ldy, ldy,
+                                             t == 0 ? next : nullptr, t == 0 ? next_bytes : 0);
   }
 }
 
@@ -199,7 +205,7 @@ void linear_bf16_medium(const LinearArgs& a) {
     const int64_t rows = std::min(kChunkRows, a.m - c0);
     pack_x(a.x + c0 * a.ldx, a.ldx, rows, k, xp.get());
     float* y = a.y + c0 * a.ldy;
-    if (tile_rows(rows) == kWideTileRows)
+    if (tile_rows(rows, steps) == kWideTileRows)
       chunk_columns<kWideGroupCols>(xp.get(), rows, steps, w, ldw, k, a.n0, a.n1, y, a.ldy);
     else
       chunk_columns<kGroupCols>(xp.get(), rows, steps, w, ldw, k, a.n0, a.n1, y, a.ldy);
