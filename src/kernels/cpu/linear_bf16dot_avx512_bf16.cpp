@@ -71,7 +71,8 @@ inline int64_t tile_rows(int64_t m, int64_t steps) {
 inline int64_t tile_count(int64_t m, int64_t steps) {
   return (m + tile_rows(m, steps) - 1) / tile_rows(m, steps);
 }
-// Tiles of nearly equal heights (6 rows as 3 + 3, not 4 + 2): tile t covers [tile_start(t), tile_start(t+1)).
+// Tiles of nearly equal heights (10 rows in tiles of 4 as 3 + 3 + 4, not 4 + 4 + 2): tile t covers
+// [tile_start(t), tile_start(t+1)).
 inline int64_t tile_start(int64_t m, int64_t t, int64_t steps) {
   return m * t / tile_count(m, steps);
 }
