@@ -117,8 +117,12 @@ class Interpreter {
       case Stmt::Type::Print: {
         const Value value = eval(*s.expr, frame);
         // Before printing: a list's text is as long as all it holds (a string is charged as it is appended).
-        if (!value.is_string()) charge(value.weight);
-        append(out, to_str(value));
+        if (value.is_string()) {
+          append(out, value.s());  // not through to_str, which returns a copy
+        } else {
+          charge(value.weight);
+          append(out, to_str(value));
+        }
         return Flow::Normal;
       }
       case Stmt::Type::If:
@@ -360,7 +364,7 @@ class Interpreter {
         return e.value;
       case Expr::Type::Name: {
         if (const Value* v = frame->find(e.name)) return *v;
-        return Value::undefined("'" + e.name + "' is undefined");
+        return e.value;  // the Undefined the parser made for this name
       }
       case Expr::Type::Attr: {
         const Value target = eval(*e.args[0], frame);
