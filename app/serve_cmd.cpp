@@ -126,6 +126,7 @@ int run_serve(const ServeOptions& o) {
   info.output_format = serve::detect_output_format(bundle.chat, config);
   llm::apply_generation_defaults(bundle.chat, info.defaults.sampling);
   info.token_texts = serve::make_token_texts(tokenizer);
+  info.chat_template = serve::parse_chat_template(bundle.chat);
 
   serve::ServiceOptions service_options;
   service_options.max_seq_len = max_seq_len;

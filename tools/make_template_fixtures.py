@@ -257,6 +257,15 @@ CONSTRUCTS = [
     ("scoping_macros", "{% macro m() %}{% set y = 5 %}{{ y }}{% endmacro %}{{ m() }}[{{ y }}]|{% set x = 1 %}"
      "{% macro n() %}{{ x }}{% set x = 2 %}{{ x }}{% endmacro %}{{ n() }}{{ x }}|"
      "{% for a in [1] %}{% for b in [2, 3] %}{{ loop.index }}{% endfor %}{{ loop.index }}{% endfor %}", {}),
+    # A loop reuses its iteration's frame and loop object unless the body keeps them (xmoe's interpreter).
+    ("loop_iteration_scope_reused", "{% for x in 'abc' %}[{{ y }}]{% set y = loop.index %}{% set x = 'z' %}{{ x }}{{ y }}"
+     "{% endfor %}|{% for a, b in [[1, 2], [3, 4]] %}{{ a }}{{ b }}{% set a = 0 %}{{ a }};{% endfor %}", {}),
+    ("loop_object_kept_by_the_body", "{% set ns = namespace(seen=[]) %}{% for x in 'ab' %}{% set l = loop %}"
+     "{% set ns.seen = ns.seen + [l.index, loop.first] %}{% for y in [1, 2] %}{{ loop.index }}{{ l.index }}{% endfor %};"
+     "{% endfor %}{{ ns.seen }}", {}),
+    ("loop_macro_defined_in_body", "{% for x in [1, 2, 3] %}{% macro m(p) %}<{{ x }}{{ p }}>{% endmacro %}{{ m(loop.index) }}"
+     "{% endfor %}|{% for x in [1, 2] %}{% for y in 'ab' %}{% macro n() %}{{ x }}{{ y }}{{ loop.index }}{% endmacro %}"
+     "{{ n() }}{% endfor %}{% endfor %}", {}),
     ("evaluation_order", "{% set ns = namespace(c=0) %}{% macro bump() %}{% set ns.c = ns.c + 1 %}{{ ns.c }}"
      "{% endmacro %}{{ bump() ~ bump() }} {{ bump() + bump() }} {{ [bump(), bump()] }} {{ {'k': bump()}[bump()] }}", {}),
     ("markup_semantics", "{{ ['a' | safe, 'b' | escape] }} {{ ('<' | safe) + '<' }} {{ '<' + ('b' | safe) }} "

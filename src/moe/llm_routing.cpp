@@ -53,6 +53,9 @@ void validate(const LlmRouterConfig& c) {
 
 namespace {
 
+// Tokens from which llm_route splits its tokens over the OpenMP team.
+constexpr int64_t kTokensPerTeam = 64;
+
 // Selection order: higher score first, equal scores to the lower index. NaN ranks above every number, as
 // in torch.topk; this keeps the order a strict weak ordering so the sort below stays well defined.
 bool ranks_before(float a, int ia, float b, int ib) {
@@ -169,7 +172,9 @@ void llm_route(const LlmRouterConfig& config, const float* logits, const float* 
   const int n_group = is_kimi ? 1 : config.n_group;
   const int topk_group = is_kimi ? 1 : config.topk_group;
 
-#pragma omp parallel
+  // A token's routing is a pass over its E logits (about a microsecond): a team pays only for many tokens,
+  // and at decode waking it would cost more than the routing.
+#pragma omp parallel if (tokens >= kTokensPerTeam)
   {
     Scratch s;
     s.score.resize(E);

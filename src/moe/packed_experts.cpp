@@ -3,7 +3,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <exception>
+#include <thread>
 
 #include "kernels/linear.hpp"
 #include "xmoe/error.hpp"
@@ -119,24 +121,42 @@ void PackedSwigluExperts::forward_rows(const float* x, std::span<const ExpertRan
     if (t.n1 > I)
       kernels::linear_forward_columns(*table_, w.up, xe, r, M, std::max(t.n0, I) - I, t.n1 - I, g + I, 2 * I);
   };
-  const auto activation_rows = [&](const ExpertRange& chunk) {
-    const SwigluWeights& w = experts_[static_cast<size_t>(chunk.expert)];
-    for (int64_t i = chunk.begin; i < chunk.end; ++i) {
-      float* row = gu + i * 2 * I;
-      if (!w.gate_up_bias.empty())
-        for (int64_t j = 0; j < 2 * I; ++j) row[j] += w.gate_up_bias[static_cast<size_t>(j)];
+  // Rows [begin, end) of expert e's gate/up outputs into out (I values a row); `row` is scratch for a row
+  // with its bias added, so gu itself is only read.
+  const auto activate = [&](int32_t expert, int64_t begin, int64_t end, float* out, float* row) {
+    const SwigluWeights& w = experts_[static_cast<size_t>(expert)];
+    for (int64_t i = begin; i < end; ++i) {
+      const float* in = gu + i * 2 * I;
+      if (!w.gate_up_bias.empty()) {
+        for (int64_t j = 0; j < 2 * I; ++j) row[j] = in[j] + w.gate_up_bias[static_cast<size_t>(j)];
+        in = row;
+      }
+      float* o = out + (i - begin) * I;
       if (table_silu)
-        table_->silu_mul_f32(row, row + I, act + i * I, I);
+        table_->silu_mul_f32(in, in + I, o, I);
       else
-        gated_activation_row(descriptor_, row, act + i * I, I);
+        gated_activation_row(descriptor_, in, o, I);
     }
   };
-  const auto down_tile = [&](const ExpertTile& t) {
+  // Each down tile activates its own rows when every tile is wide (see kFusedActivationColumns): then the
+  // schedule needs no barrier (below). Either way an activation is the same function of the same gate/up
+  // values, so the bits do not change.
+  bool fused = true;
+  for (const ExpertTile& t : down_tiles_) fused = fused && t.n1 - t.n0 >= kFusedActivationColumns;
+  int64_t most_rows = 0;
+  for (const ExpertRange& rg : ranges) most_rows = std::max(most_rows, rg.end - rg.begin);
+  const auto down_tile = [&](const ExpertTile& t, Buffer<float>& local) {
     const ExpertRange& rg = ranges[static_cast<size_t>(t.range)];
     const SwigluWeights& w = experts_[static_cast<size_t>(rg.expert)];
     const int64_t r = rg.end - rg.begin;
     float* ye = y + rg.begin * M;
-    kernels::linear_forward_columns(*table_, w.down, act + rg.begin * I, r, I, t.n0, t.n1, ye, M);
+    const float* a = act + rg.begin * I;
+    if (fused) {
+      float* own = local.ensure(static_cast<size_t>((most_rows + 2) * I));
+      activate(rg.expert, rg.begin, rg.end, own, own + most_rows * I);
+      a = own;
+    }
+    kernels::linear_forward_columns(*table_, w.down, a, r, I, t.n0, t.n1, ye, M);
     if (!w.down_bias.empty())
       for (int64_t i = 0; i < r; ++i)
         for (int64_t j = t.n0; j < t.n1; ++j) ye[i * M + j] += w.down_bias[static_cast<size_t>(j)];
@@ -153,17 +173,52 @@ void PackedSwigluExperts::forward_rows(const float* x, std::span<const ExpertRan
     }
   };
   const auto gate_up_count = static_cast<int64_t>(gate_up_tiles_.size());
-  const auto chunk_count = static_cast<int64_t>(row_chunks_.size());
+  const auto chunk_count = fused ? 0 : static_cast<int64_t>(row_chunks_.size());
   const auto down_count = static_cast<int64_t>(down_tiles_.size());
+  if (fused) {
+    // No barrier at all: one queue of every gate_up tile, then every down tile, both in range order, handed
+    // out by one counter. A down tile waits only for its own expert's gate_up tiles (counted down in
+    // `pending`), which by then were all handed out to threads that wait on nothing, so the wait ends; the
+    // first down tiles are the experts finished first, and the tail of gate_up overlaps the start of down
+    // instead of idling at a barrier.
+    std::vector<std::atomic<int32_t>> pending(ranges.size());
+    for (const ExpertTile& t : gate_up_tiles_)
+      pending[static_cast<size_t>(t.range)].fetch_add(1, std::memory_order_relaxed);
+    std::atomic<int64_t> next{0};
+    const int64_t items = gate_up_count + down_count;
 #pragma omp parallel num_threads(threads) if (threads > 1)
-  {
+    {
+      Buffer<float> local;  // a down tile's activations and a biased gate/up row
+      for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < items;
+           i = next.fetch_add(1, std::memory_order_relaxed)) {
+        if (i < gate_up_count) {
+          const ExpertTile& t = gate_up_tiles_[static_cast<size_t>(i)];
+          guarded([&] { gate_up_tile(t); });
+          pending[static_cast<size_t>(t.range)].fetch_sub(1, std::memory_order_release);
+        } else {
+          const ExpertTile& t = down_tiles_[static_cast<size_t>(i - gate_up_count)];
+          while (pending[static_cast<size_t>(t.range)].load(std::memory_order_acquire) > 0)
+            std::this_thread::yield();
+          guarded([&] { down_tile(t, local); });
+        }
+      }
+    }
+  } else {
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+      Buffer<float> local;  // a biased gate/up row
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < gate_up_count; ++i)
-      guarded([&] { gate_up_tile(gate_up_tiles_[static_cast<size_t>(i)]); });
+      for (int64_t i = 0; i < gate_up_count; ++i)
+        guarded([&] { gate_up_tile(gate_up_tiles_[static_cast<size_t>(i)]); });
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < chunk_count; ++i) activation_rows(row_chunks_[static_cast<size_t>(i)]);
+      for (int64_t i = 0; i < chunk_count; ++i) {
+        const ExpertRange& c = row_chunks_[static_cast<size_t>(i)];
+        activate(c.expert, c.begin, c.end, act + c.begin * I, local.ensure(static_cast<size_t>(2 * I)));
+      }
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < down_count; ++i) guarded([&] { down_tile(down_tiles_[static_cast<size_t>(i)]); });
+      for (int64_t i = 0; i < down_count; ++i)
+        guarded([&] { down_tile(down_tiles_[static_cast<size_t>(i)], local); });
+    }
   }
   if (failure) std::rethrow_exception(failure);
 }

@@ -30,6 +30,13 @@ struct SwigluWeights {
   }
 };
 
+// Down tiles at least this wide compute their rows' activation themselves: an activation element costs
+// about as much as a few of the tile's multiply-adds per element, so it adds a few percent to such a tile,
+// less than a barrier of the team (at decode and at an even prefill histogram the tiles are an expert's
+// columns split across the threads). When any tile is narrower (a heavily routed expert's columns cut
+// finer, a small model), one shared activation pass runs instead.
+inline constexpr int64_t kFusedActivationColumns = 256;
+
 class PackedSwigluExperts {
  public:
   // Throws naming the expert when the shapes disagree with each other or with the descriptor (all experts

@@ -207,7 +207,7 @@ PreparedChat prepare_chat(const ChatRequest& request, Backend& backend) {
                       "with token-id prompts works");
   PreparedChat p;
   try {
-    p.prompt = render_chat_prompt(*info.chat, request);
+    p.prompt = render_chat_prompt(*info.chat, request, info.chat_template.get());
   } catch (const xmoe::Error& e) {
     throw bad_request("messages", std::string("the chat template refused the conversation: ") + e.what());
   }

@@ -242,7 +242,7 @@ ApiResponse count_tokens(std::string_view body, Backend& backend) {
     throw adapter::bad_request("messages", "the served model has no tokenizer and chat template");
   RenderedPrompt prompt;
   try {
-    prompt = render_chat_prompt(*info.chat, request);
+    prompt = render_chat_prompt(*info.chat, request, info.chat_template.get());
   } catch (const std::exception& e) {
     throw adapter::bad_request("messages",
                                std::string("the chat template refused the conversation: ") + e.what());

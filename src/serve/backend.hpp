@@ -42,6 +42,8 @@ struct ModelInfo {
   // Every token's text for forced JSON (make_token_texts(*tokenizer), built once at load; when null the
   // adapters build it per request that needs it).
   std::shared_ptr<const TokenTexts> token_texts;
+  // The chat template parsed once at load (parse_chat_template(*chat)); when null, each request parses it.
+  std::shared_ptr<const ChatTemplate> chat_template;
 };
 
 struct TokenLogprob {

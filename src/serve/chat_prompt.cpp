@@ -119,7 +119,18 @@ bool prompt_opens_thinking(std::string_view prompt) {
   return without_trailing_space(prompt).ends_with("<think>");
 }
 
-RenderedPrompt render_chat_prompt(const llm::ChatSetup& setup, const ChatRequest& request) {
+std::shared_ptr<const ChatTemplate> parse_chat_template(const llm::ChatSetup& setup) {
+  if (!setup.chat_template) return nullptr;
+  try {
+    return std::make_shared<const ChatTemplate>(
+        ChatTemplate::parse(*setup.chat_template, setup.chat_template_origin));
+  } catch (const Error&) {
+    return nullptr;
+  }
+}
+
+RenderedPrompt render_chat_prompt(const llm::ChatSetup& setup, const ChatRequest& request,
+                                  const ChatTemplate* parsed) {
   XMOE_CHECK(
       setup.chat_template.has_value(),
       "the model has no chat template (tokenizer_config.json \"chat_template\" or chat_template.jinja)");
@@ -148,9 +159,12 @@ RenderedPrompt render_chat_prompt(const llm::ChatSetup& setup, const ChatRequest
   context["bos_token"] = setup.bos_token;
   context["eos_token"] = setup.eos_token;
 
-  const ChatTemplate tmpl = ChatTemplate::parse(*setup.chat_template, setup.chat_template_origin);
   RenderedPrompt out;
-  out.text = tmpl.render_ordered(context);
+  if (parsed) {
+    out.text = parsed->render_ordered(context);
+  } else {
+    out.text = ChatTemplate::parse(*setup.chat_template, setup.chat_template_origin).render_ordered(context);
+  }
   const std::string_view trimmed = without_trailing_space(out.text);
   out.starts_in_thinking = prompt_opens_thinking(out.text);
   if (tools_offered(request)) {

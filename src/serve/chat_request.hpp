@@ -2,6 +2,7 @@
 // chat template renders into a prompt. (Contract between the protocol adapters and the serving runtime.)
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -10,6 +11,7 @@
 
 #include "llm/chat_setup.hpp"
 #include "llm/sampler.hpp"
+#include "xmoe/chat_template.hpp"
 
 namespace xmoe::serve {
 
@@ -74,7 +76,13 @@ struct RenderedPrompt {
   std::string forced_prefix;        // already part of text; the output parser starts as if it had read it
   bool starts_in_thinking = false;  // the prompt leaves the assistant inside a thinking block
 };
-RenderedPrompt render_chat_prompt(const llm::ChatSetup& setup, const ChatRequest& request);
+// `parsed` is setup's template parsed once for the model (parse_chat_template); without it the template is
+// parsed for this request.
+RenderedPrompt render_chat_prompt(const llm::ChatSetup& setup, const ChatRequest& request,
+                                  const ChatTemplate* parsed = nullptr);
+// setup's chat template parsed, for every request to the model to render with; null when there is none or it
+// does not parse (each request then reports the parse error, and endpoints that need no template still work).
+std::shared_ptr<const ChatTemplate> parse_chat_template(const llm::ChatSetup& setup);
 // Whether a rendered prompt leaves the assistant inside a thinking block: it ends, white space aside, with
 // "<think>" (GLM-4.7, DeepSeek-V3.1 thinking, Qwen3 thinking models). The output parser must then read the
 // reply as reasoning until "</think>" (OutputParserOptions::starts_in_thinking).

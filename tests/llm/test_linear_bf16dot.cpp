@@ -106,9 +106,10 @@ TEST(LinearBf16Dot, KernelMatchesReferenceBitForBit) {
   std::mt19937 rng(11);
   int64_t cases = 0;
   for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 64, 100})
-    for (int64_t k : {1, 2, 31, 33, 64, 67, 130})
-      for (int64_t n : {1, 6, 7, 13}) {
-        if (m > 17 && k != 67) continue;  // the large m cross the row chunk; one k is enough there
+    for (int64_t k : {1, 2, 31, 33, 64, 67, 130, 1100})
+      for (int64_t n : {1, 5, 6, 7, 13}) {  // 5: groups of 3 columns (5 to 8 rows) and a tail
+        if (m > 17 && k != 67) continue;    // the large m cross the row chunk; one k is enough there
+        if (k == 1100 && (m < 9 || m > 16)) continue;  // 9 to 16 rows tile by k (4 x 6 past ~1024)
         const int64_t stride = k + (n % 2) * 5, ldx = k + 3;
         std::vector<uint16_t> v(static_cast<size_t>(n * k));
         for (uint16_t& e : v) e = tricky_w(rng);

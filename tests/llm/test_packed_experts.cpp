@@ -260,12 +260,12 @@ double rel_error(const std::vector<float>& got, const std::vector<float>& want) 
 constexpr int kExperts = 6;
 constexpr int64_t kModel = 256, kHidden = 160;
 
-void check(WeightFormat format, const ExpertDescriptor& descriptor) {
-  const ExpertSet s(format, descriptor, kExperts, kModel, kHidden, 17);
+void check(WeightFormat format, const ExpertDescriptor& descriptor, int64_t model = kModel) {
+  const ExpertSet s(format, descriptor, kExperts, model, kHidden, 17);
   const int saved = omp_get_max_threads();
   for (const Routing& routing : routings()) {
     std::mt19937 rng(5);
-    const std::vector<float> x = random_values(static_cast<size_t>(routing.rows * kModel), rng, 1.0f);
+    const std::vector<float> x = random_values(static_cast<size_t>(routing.rows * model), rng, 1.0f);
     const std::vector<float> exact = run_in_double(s, x, routing.ranges, routing.rows);
     for (const kernels::Isa isa : levels()) {
       const kernels::KernelTable& t = kernels::kernel_table(isa, kernels::detect_cpu_features());
@@ -283,10 +283,10 @@ void check(WeightFormat format, const ExpertDescriptor& descriptor) {
       omp_set_num_threads(3);
       for (const ExpertRange& rg : routing.ranges)
         for (int64_t row = rg.begin; row < rg.end; row += 3) {
-          const std::vector<float> one(x.begin() + row * kModel, x.begin() + (row + 1) * kModel);
+          const std::vector<float> one(x.begin() + row * model, x.begin() + (row + 1) * model);
           const std::vector<float> alone = run_schedule(s, t, one, {{rg.expert, 0, 1}}, 1);
-          const std::vector<float> in_batch(old_path.begin() + row * kModel,
-                                            old_path.begin() + (row + 1) * kModel);
+          const std::vector<float> in_batch(old_path.begin() + row * model,
+                                            old_path.begin() + (row + 1) * model);
           EXPECT_EQ(bit_mismatches(alone, in_batch), 0) << what << ", row " << row << " alone";
         }
     }
@@ -314,6 +314,25 @@ TEST(PackedExperts, InterleavedWithBiasesBf16) {
 }
 TEST(PackedExperts, InterleavedWithBiasesMxfp4) {
   check(WeightFormat::mxfp4, ExpertDescriptor::gpt_oss(1.702f, 7.0f));
+}
+
+// Model dim 1024: at decode the down tiles are wide enough (kFusedActivationColumns) that each computes its
+// rows' activation itself instead of the shared activation pass; the bits must not change. Checked that the
+// plan really is all wide tiles for the decode histogram at 1 thread (and not for prefill at 3), so both
+// forms run.
+constexpr int64_t kWideModel = 1024;
+TEST(PackedExperts, WideDownTilesActivateTheirOwnRows) {
+  const auto all_wide = [](const Routing& r, int threads) {
+    std::vector<ExpertTile> tiles;
+    plan_expert_tiles(r.ranges, kWideModel, threads, tiles);
+    return std::all_of(tiles.begin(), tiles.end(),
+                       [](const ExpertTile& t) { return t.n1 - t.n0 >= kFusedActivationColumns; });
+  };
+  EXPECT_TRUE(all_wide(routings()[1], 1));
+  EXPECT_FALSE(all_wide(routings()[0], 3));
+  check(WeightFormat::bf16, ExpertDescriptor::qwen3(), kWideModel);
+  check(WeightFormat::nvfp4, ExpertDescriptor::qwen3(), kWideModel);
+  check(WeightFormat::mxfp4, ExpertDescriptor::gpt_oss(1.702f, 7.0f), kWideModel);
 }
 
 // A kernel's error inside the parallel schedule comes out as the error it threw (not std::terminate).

@@ -37,6 +37,26 @@ TEST(ChatPrompt, MatchesJinja2AsTransformersRendersIt) {
     EXPECT_EQ(p.text, c["expected"].get<std::string>());
     EXPECT_TRUE(p.forced_prefix.empty());
     EXPECT_FALSE(p.starts_in_thinking);
+    // The server parses the template once per model and renders every request with it.
+    const auto parsed = parse_chat_template(setup);
+    ASSERT_TRUE(parsed);
+    for (int i = 0; i < 2; ++i) EXPECT_EQ(render_chat_prompt(setup, request, parsed.get()).text, p.text);
+  }
+}
+
+TEST(ChatPrompt, TemplateThatDoesNotParseFailsEachRequest) {
+  llm::ChatSetup s;
+  s.chat_template = "{% for m in messages %}{{ m.content }}";
+  s.chat_template_origin = "broken.jinja";
+  EXPECT_EQ(parse_chat_template(s), nullptr);
+  EXPECT_EQ(parse_chat_template(llm::ChatSetup{}), nullptr);
+  ChatRequest r;
+  r.messages.push_back(ChatMessage{Role::user, "x", "", {}, "", ""});
+  try {
+    render_chat_prompt(s, r);
+    ADD_FAILURE() << "expected the parse error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("broken.jinja"), std::string::npos) << e.what();
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include "kernels/linear.hpp"
 #include "llm/layers/attention.hpp"
+#include "llm/layers/linear_parts.hpp"
 #include "llm/layers/rmsnorm.hpp"
 #include "moe/parallel.hpp"
 #include "xmoe/error.hpp"
@@ -80,11 +81,7 @@ void AttentionBlock::forward(const kernels::KernelTable& table, const Rope& rope
     ProfileScope scope(
         scratch.profile, ProfileOp::attention_proj, bytes,
         2.0 * static_cast<double>(T) * static_cast<double>(qkv_width) * static_cast<double>(w_.q.cols));
-    int64_t col = 0;
-    for (const kernels::PackedWeight& w : qkv_parts_) {
-      kernels::linear_forward(table, w, x, T, w.cols, qkv + col, qkv_width);
-      col += w.rows;
-    }
+    linear_forward_parts(table, qkv_parts_, x, T, w_.q.cols, qkv, qkv_width);
     if (!qkv_bias_.empty()) add_bias(qkv, qkv_bias_.data(), T, qkv_width, qkv_width);
   }
   moe::parallel_rows(T, 4, [&](int64_t a, int64_t b) {

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "kernels/linear.hpp"
+#include "llm/layers/linear_parts.hpp"
 #include "llm/layers/quantized_views.hpp"
 #include "moe/parallel.hpp"
 #include "moe/routed_experts.hpp"
@@ -15,6 +16,9 @@ namespace xmoe::llm {
 namespace {
 
 using kernels::PackedWeight;
+
+// Router products up to this many multiply-adds run on the calling thread (Qwen3-30B-A3B's up to 4 rows).
+constexpr double kRouterAloneMacs = 1 << 20;
 
 class DenseSwiglu final : public FeedForward {
  public:
@@ -31,11 +35,7 @@ class DenseSwiglu final : public FeedForward {
         6.0 * static_cast<double>(T) * static_cast<double>(I) * static_cast<double>(down_.rows));
     float* gu = gu_.ensure(static_cast<size_t>(T * 2 * I));
     float* act = act_.ensure(static_cast<size_t>(T * I));
-    int64_t col = 0;
-    for (const PackedWeight& w : parts_) {
-      kernels::linear_forward(*table_, w, x, T, w.cols, gu + col, 2 * I);
-      col += w.rows;
-    }
+    linear_forward_parts(*table_, parts_, x, T, down_.rows, gu, 2 * I);
     moe::parallel_rows(T, 16, [&](int64_t a, int64_t b) {
       for (int64_t t = a; t < b; ++t)
         table_->silu_mul_f32(gu + t * 2 * I, gu + t * 2 * I + I, act + t * I, I);
@@ -80,7 +80,14 @@ class SwigluMoe final : public FeedForward {
           profile_, ProfileOp::router, static_cast<double>(router_.bytes()),
           2.0 * static_cast<double>(T) * static_cast<double>(E) * static_cast<double>(router_.cols));
     float* logits = logits_.ensure(static_cast<size_t>(T * E));
-    kernels::linear_forward(*table_, router_, x, T, logits);
+    // A decode-sized router (128 × 2048 BF16 is 0.5 MB) streams on one core in about the time a team takes
+    // to wake, and measured faster alone on a loaded machine (8 layers: 0.25 vs 0.38 ms per step). Any
+    // column split gives the same bits.
+    if (static_cast<double>(T) * static_cast<double>(E) * static_cast<double>(router_.cols) <=
+        kRouterAloneMacs)
+      kernels::linear_forward_columns(*table_, router_, x, T, router_.cols, 0, router_.rows, logits, E);
+    else
+      kernels::linear_forward(*table_, router_, x, T, logits);
     if (!router_bias_.empty())
       for (int64_t t = 0; t < T; ++t)
         for (int e = 0; e < E; ++e) logits[t * E + e] += router_bias_[static_cast<size_t>(e)];

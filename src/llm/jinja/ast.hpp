@@ -36,7 +36,7 @@ struct Expr {
   };
   Type type;
   int line = 0;
-  Value value;
+  Value value;  // Literal: the value; Name: the Undefined it evaluates to when unbound
   std::string name;
   bool negated = false;  // Test: `is not`; Literal: a folded `-<number>`
   std::vector<ExprPtr> args;

@@ -14,6 +14,8 @@ namespace {
 struct Frame {
   std::shared_ptr<Frame> parent;
   Dict vars;
+  // A macro defined here holds the frame weakly: a loop may then not reuse it for the next iteration.
+  bool captured = false;
   const Value* find(const std::string& name) const {
     for (const Frame* f = this; f; f = f->parent.get())
       if (const Value* v = f->vars.find(name)) return v;
@@ -115,8 +117,12 @@ class Interpreter {
       case Stmt::Type::Print: {
         const Value value = eval(*s.expr, frame);
         // Before printing: a list's text is as long as all it holds (a string is charged as it is appended).
-        if (!value.is_string()) charge(value.weight);
-        append(out, to_str(value));
+        if (value.is_string()) {
+          append(out, value.s());  // not through to_str, which returns a copy
+        } else {
+          charge(value.weight);
+          append(out, to_str(value));
+        }
         return Flow::Normal;
       }
       case Stmt::Type::If:
@@ -209,29 +215,58 @@ class Interpreter {
     // builds: counted as one step, nested loops with cheap bodies took about a second under ASan at the
     // budget (found by fuzz_jinja_template).
     constexpr uint64_t kLoopEntries = 12;
+    // The iteration's frame and loop dict are reused for the next one when nothing else holds them (the
+    // body did not store `loop` or define a macro there): allocations were most of an iteration's cost.
+    // What a template sees is the same as with new ones: the frame is cut back to the loop variables.
+    FramePtr f;
+    size_t bound = 0;  // entries of a reused frame's vars: `loop` and the loop variables
+    std::shared_ptr<Dict> loop;
     for (int64_t i = 0; i < n; ++i) {
       count_operations(1 + kLoopEntries * kItemWeight / kWeightPerOperation);
       *index = i;
-      auto f = std::make_shared<Frame>();
-      f->parent = frame;
-      // The keys are distinct, so they are appended without Dict::set's search.
-      Dict loop;
-      loop.items.reserve(kLoopEntries);
-      loop.items.emplace_back("index", Value::from_int(i + 1));
-      loop.items.emplace_back("index0", Value::from_int(i));
-      loop.items.emplace_back("revindex", Value::from_int(n - i));
-      loop.items.emplace_back("revindex0", Value::from_int(n - i - 1));
-      loop.items.emplace_back("first", Value::from_bool(i == 0));
-      loop.items.emplace_back("last", Value::from_bool(i == n - 1));
-      loop.items.emplace_back("length", Value::from_int(n));
-      loop.items.emplace_back("depth", Value::from_int(1));
-      loop.items.emplace_back("depth0", Value::from_int(0));
-      loop.items.emplace_back("previtem", i > 0 ? items[static_cast<size_t>(i - 1)] : no_previous);
-      loop.items.emplace_back("nextitem", i + 1 < n ? items[static_cast<size_t>(i + 1)] : no_next);
-      loop.items.emplace_back("cycle", cycle);
-      f->vars.items.reserve(1 + s.targets.size());
-      f->vars.items.emplace_back("loop", Value::from_dict(std::move(loop)));
+      const bool reuse = f && f.use_count() == 1 && !f->captured;
+      if (reuse) {
+        f->vars.items.erase(f->vars.items.begin() + static_cast<std::ptrdiff_t>(bound), f->vars.items.end());
+        f->vars.items[0].second = Value();  // drops its hold on the previous loop dict
+      } else {
+        f = std::make_shared<Frame>();
+        f->parent = frame;
+        f->vars.items.reserve(1 + s.targets.size());
+        f->vars.items.emplace_back("loop", Value());
+      }
+      const Value& previous = i > 0 ? items[static_cast<size_t>(i - 1)] : no_previous;
+      const Value& next = i + 1 < n ? items[static_cast<size_t>(i + 1)] : no_next;
+      if (loop && loop.use_count() == 1) {
+        auto& e = loop->items;
+        e[0].second = Value::from_int(i + 1);
+        e[1].second = Value::from_int(i);
+        e[2].second = Value::from_int(n - i);
+        e[3].second = Value::from_int(n - i - 1);
+        e[4].second = Value::from_bool(i == 0);
+        e[5].second = Value::from_bool(i == n - 1);
+        e[9].second = previous;
+        e[10].second = next;
+      } else {
+        // The keys are distinct, so they are appended without Dict::set's search.
+        loop = std::make_shared<Dict>();
+        auto& e = loop->items;
+        e.reserve(kLoopEntries);
+        e.emplace_back("index", Value::from_int(i + 1));
+        e.emplace_back("index0", Value::from_int(i));
+        e.emplace_back("revindex", Value::from_int(n - i));
+        e.emplace_back("revindex0", Value::from_int(n - i - 1));
+        e.emplace_back("first", Value::from_bool(i == 0));
+        e.emplace_back("last", Value::from_bool(i == n - 1));
+        e.emplace_back("length", Value::from_int(n));
+        e.emplace_back("depth", Value::from_int(1));
+        e.emplace_back("depth0", Value::from_int(0));
+        e.emplace_back("previtem", previous);
+        e.emplace_back("nextitem", next);
+        e.emplace_back("cycle", cycle);
+      }
+      f->vars.items[0].second = Value::from_shared_dict(loop);
       bind(f, items[static_cast<size_t>(i)]);
+      if (!reuse) bound = f->vars.items.size();
       if (exec_body(s.body, f, out) == Flow::Break) break;
     }
     return Flow::Normal;
@@ -240,6 +275,7 @@ class Interpreter {
   Value make_macro(const Stmt& s, const FramePtr& defining) {
     const Stmt* macro = &s;
     std::weak_ptr<Frame> weak = defining;  // the frame owns the macro; a strong link would be a cycle
+    defining->captured = true;
     return Value::from_callable(s.text, [this, macro, weak](CallArgs& a) {
       const FramePtr parent = weak.lock();
       if (!parent) fail("TemplateRuntimeError", "macro '" + macro->text + "' called outside its scope");
@@ -328,7 +364,7 @@ class Interpreter {
         return e.value;
       case Expr::Type::Name: {
         if (const Value* v = frame->find(e.name)) return *v;
-        return Value::undefined("'" + e.name + "' is undefined");
+        return e.value;  // the Undefined the parser made for this name
       }
       case Expr::Type::Attr: {
         const Value target = eval(*e.args[0], frame);

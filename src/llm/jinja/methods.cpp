@@ -43,14 +43,18 @@ bool starts_or_ends(const std::string& s, const Value& affix, bool start) {
 }
 
 Value string_method(const Value& obj, const std::string& name) {
-  const std::string s = obj.s();
+  // The lambdas share the string, not copies of it: every attribute of a string (even a missing one) came
+  // here, and copying a long string per lookup was most of the cost of loops that call its methods.
+  const auto str = obj.str;
   if (name == "strip" || name == "lstrip" || name == "rstrip")
-    return method(name, [s, name](CallArgs& a) {
+    return method(name, [str, name](CallArgs& a) {
+      const std::string& s = *str;
       Args args(name, a, {"chars"});
       return Value::from_string(pystr::strip(s, args.opt_string(0), name != "rstrip", name != "lstrip"));
     });
   if (name == "split")
-    return method(name, [s](CallArgs& a) {
+    return method(name, [str](CallArgs& a) {
+      const std::string& s = *str;
       Args args("split", a, {"sep", "maxsplit"});
       List parts;
       for (auto& part : pystr::split(s, args.opt_string(0), static_cast<long>(args.integer(1, -1))))
@@ -58,23 +62,27 @@ Value string_method(const Value& obj, const std::string& name) {
       return Value::from_list(std::move(parts));
     });
   if (name == "startswith" || name == "endswith")
-    return method(name, [s, name](CallArgs& a) {
+    return method(name, [str, name](CallArgs& a) {
+      const std::string& s = *str;
       Args args(name, a, {"prefix"});
       return Value::from_bool(starts_or_ends(s, args.get(0), name == "startswith"));
     });
   if (name == "replace")
-    return method(name, [s](CallArgs& a) {
+    return method(name, [str](CallArgs& a) {
+      const std::string& s = *str;
       Args args("replace", a, {"old", "new", "count"});
       return Value::from_string(
           pystr::replace(s, args.str(0), args.str(1), static_cast<long>(args.integer(2, -1))));
     });
   if (name == "upper" || name == "lower")
-    return method(name, [s, name](CallArgs& a) {
+    return method(name, [str, name](CallArgs& a) {
+      const std::string& s = *str;
       Args args(name, a, {});
       return Value::from_string(name == "upper" ? pystr::upper(s) : pystr::lower(s));
     });
   if (name == "find" || name == "count")
-    return method(name, [s, name](CallArgs& a) {
+    return method(name, [str, name](CallArgs& a) {
+      const std::string& s = *str;
       Args args(name, a, {"sub"});
       const std::string sub = args.str(0);
       if (name == "count") {
@@ -88,7 +96,8 @@ Value string_method(const Value& obj, const std::string& name) {
                                                      : static_cast<int64_t>(pystr::length(s.substr(0, at))));
     });
   if (name == "join")
-    return method(name, [s](CallArgs& a) {
+    return method(name, [str](CallArgs& a) {
+      const std::string& s = *str;
       Args args("join", a, {"iterable"});
       std::string out;
       bool first = true;

@@ -403,6 +403,8 @@ class Parser {
         }
         auto e = make(Expr::Type::Name, t.line);
         e->name = t.text;
+        // What the name evaluates to when unbound, made once here rather than on every evaluation.
+        e->value = Value::undefined("'" + t.text + "' is undefined");
         return e;
       }
       case Tok::String: {

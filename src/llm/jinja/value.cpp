@@ -121,6 +121,14 @@ Value Value::from_dict(Dict d) {
   v.dict = std::make_shared<const Dict>(std::move(d));
   return v;
 }
+Value Value::from_shared_dict(std::shared_ptr<const Dict> d) {
+  Value v;
+  v.kind = Kind::Dict;
+  v.depth = nesting_of(*d);
+  v.weight = weight_of(*d);
+  v.dict = std::move(d);
+  return v;
+}
 Value Value::new_namespace(Dict attrs) {
   Value v;
   v.kind = Kind::Namespace;

@@ -77,6 +77,8 @@ struct Value {
   static Value from_list(List items);
   static Value from_tuple(List items);
   static Value from_dict(Dict d);
+  // A dict the caller keeps a mutable handle on: it may change it only while no Value shares it.
+  static Value from_shared_dict(std::shared_ptr<const Dict> d);
   static Value new_namespace(Dict attrs);
   static Value from_callable(std::string name, std::function<Value(CallArgs&)> fn);
 
