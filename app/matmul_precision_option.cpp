@@ -8,10 +8,10 @@ namespace xmoe::app {
 
 CLI::Option* add_matmul_precision_option(CLI::App* cmd, std::string& value) {
   return cmd
-      ->add_option(
-          "--matmul-precision", value,
-          "linears over BF16 weights: highest (f32 arithmetic) | medium (activations rounded to bf16, "
-          "bf16 products, f32 accumulation; needs AVX512-BF16)")
+      ->add_option("--matmul-precision", value,
+                   "linears over BF16, FP8, MXFP4 and NVFP4 weights: highest (f32 arithmetic) | medium "
+                   "(activations rounded to bf16, "
+                   "bf16 products, f32 accumulation; needs AVX512-BF16)")
       ->check(CLI::IsMember({"highest", "medium"}))
       ->capture_default_str();
 }

@@ -19,8 +19,8 @@ struct LoadOptions {
   DType dtype = DType::bf16;  // weights and activations: bf16 (f32 accumulation) or f32
   std::string isa;            // kernel level cap, as MoeConfig::isa; empty = best this CPU runs
   ProgressFn progress;        // bytes of weights loaded so far
-  // Arithmetic of the linears over BF16 weights (kernels/linear_precision.hpp); medium falls back to highest
-  // on a kernel level without bf16 products (the table's `precision` says which ran).
+  // Arithmetic of the linears over BF16, FP8, MXFP4 and NVFP4 weights (kernels/linear_precision.hpp); medium
+  // falls back to highest on a kernel level without bf16 products (the table's `precision` says which ran).
   kernels::MatmulPrecision matmul_precision = kernels::MatmulPrecision::highest;
 };
 
