@@ -103,6 +103,28 @@ INSTANTIATE_TEST_SUITE_P(RealTemplates, TemplateFixture, ::testing::ValuesIn(fix
                            return n;
                          });
 
+// The render budget must leave room for real use: every real template renders a 250-turn conversation of
+// 1.8 KB messages (450 KB) well inside it.
+TEST_P(TemplateFixture, LongConversationFitsTheRenderBudget) {
+  const auto fixture = nlohmann::ordered_json::parse(read_file(GetParam()));
+  const std::string template_file = fixture.at("template").get<std::string>();
+  const auto tmpl = xmoe::ChatTemplate::parse(read_file(fixture_dir() / template_file), template_file);
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  messages.push_back({{"role", "system"}, {"content", "You are terse."}});
+  const std::string text(1800, 'w');
+  for (int turn = 0; turn < 250; ++turn)
+    messages.push_back({{"role", turn % 2 == 0 ? "user" : "assistant"}, {"content", text}});
+  const nlohmann::ordered_json context = {
+      {"messages", messages}, {"add_generation_prompt", true}, {"bos_token", "<s>"}, {"eos_token", "</s>"}};
+  std::string out;
+  try {
+    out = tmpl.render_ordered(context, fixed_now());
+  } catch (const xmoe::Error& e) {
+    FAIL() << template_file << ": " << e.what();
+  }
+  EXPECT_GT(out.size(), 250u * 1800u) << template_file;
+}
+
 // One small template per construct (whitespace control, Python printing, scoping, filters, tests, errors).
 TEST(ChatTemplateConstructs, MatchPythonJinja2ByteForByte) {
   const auto fixture = nlohmann::ordered_json::parse(read_file(fixture_dir() / "constructs.json"));
@@ -345,6 +367,11 @@ TEST(ChatTemplateRobustness, HostileTemplatesAreBoundedInTimeAndMemory) {
            // An iteration pays for the loop object it builds (found by fuzz_jinja_template: nested loops over
            // a 400-character string with a cheap body took about a second under ASan).
            "{% for a in range(400) %}{% for b in range(700) %}{% endfor %}{% endfor %}",
+           // A call builds its arguments and a result, a printed list goes through repr: one step each (found
+           // by fuzz_jinja_template: cheap string-method calls and printed lists in nested loops took 1.33
+           // s).
+           "{% for a in range(300) %}{% for b in range(200) %}{{ 'a'.lower() }}{{ [b] }}{% endfor %}{% "
+           "endfor %}",
        }) {
     const std::string error = error_of([&] { render(work); });
     EXPECT_NE(error.find("ResourceError: the template ran over 1000000 operations"), std::string::npos)
