@@ -22,6 +22,7 @@
 #include "kernels/quant/quantize.hpp"
 #include "moe/expert_tiles.hpp"
 #include "moe/packed_experts.hpp"
+#include "owned_weight.hpp"
 #include "xmoe/dtype.hpp"
 #include "xmoe/error.hpp"
 
@@ -31,43 +32,8 @@ namespace {
 using kernels::PackedWeight;
 using kernels::WeightFormat;
 
-// Weight bytes in one format, with a view of them (rows back to back, so gate then up in one allocation
-// is one joinable view).
-struct OwnedWeight {
-  std::vector<float> f32;
-  std::vector<uint16_t> bf16;
-  kernels::quant::QuantizedMatrix quantized;
-  PackedWeight view;
-};
-
-std::unique_ptr<OwnedWeight> make_weight(WeightFormat f, const std::vector<float>& v, int64_t rows,
-                                         int64_t cols) {
-  auto w = std::make_unique<OwnedWeight>();
-  if (f == WeightFormat::f32 || f == WeightFormat::bf16) {
-    PackedWeight& p = w->view;
-    p.format = f;
-    p.rows = rows;
-    p.cols = cols;
-    if (f == WeightFormat::f32) {
-      w->f32 = v;
-      p.data = reinterpret_cast<const std::byte*>(w->f32.data());
-      p.row_bytes = cols * 4;
-    } else {
-      for (float x : v) w->bf16.push_back(bf16::from_float(x));
-      p.data = reinterpret_cast<const std::byte*>(w->bf16.data());
-      p.row_bytes = cols * 2;
-    }
-    return w;
-  }
-  if (f == WeightFormat::fp8_block)
-    w->quantized = kernels::quant::quantize_fp8_block(v.data(), rows, cols);
-  else if (f == WeightFormat::mxfp4)
-    w->quantized = kernels::quant::quantize_mxfp4(v.data(), rows, cols);
-  else
-    w->quantized = kernels::quant::quantize_nvfp4(v.data(), rows, cols);
-  w->view = w->quantized.view();
-  return w;
-}
+using test_weights::make_weight;
+using test_weights::OwnedWeight;
 
 bool quantized(WeightFormat f) {
   return f != WeightFormat::f32 && f != WeightFormat::bf16;
