@@ -1,0 +1,32 @@
+// Register helpers shared by the VDPBF16PS linears (BF16 and quantized weights): the fixed lane tree and the
+// exact f32 -> bf16 rounding of activations. Included only by files compiled for AVX512-BF16.
+#pragma once
+
+#include <immintrin.h>
+
+namespace xmoe::kernels::avx512_bf16 {
+
+// reduce_lanes (linear_lanes.hpp) in registers: halves (l + 8), quarters (l + 4), pairs (l + 2), neighbours.
+inline float reduce16(__m512 v) {
+  const __m256 s8 =
+      _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, v, 0), _mm512_maskz_extractf32x8_ps(0xff, v, 1));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+
+// 16 f32 -> bf16 bits exactly as bf16::from_float (nearest even; NaN made quiet), integer arithmetic only.
+// maskz forms: the unmasked intrinsics start from an undefined register, which GCC 12 warns about.
+inline __m256i round_to_bf16(__m512i u) {
+  const __m512i high = _mm512_maskz_srli_epi32(0xffff, u, 16);
+  const __m512i lsb = _mm512_and_si512(high, _mm512_set1_epi32(1));
+  __m512i r = _mm512_maskz_srli_epi32(
+      0xffff, _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  r = _mm512_mask_or_epi32(r, nan, high, _mm512_set1_epi32(0x40));
+  return _mm512_maskz_cvtepi32_epi16(0xffff, r);
+}
+
+}  // namespace xmoe::kernels::avx512_bf16
