@@ -79,8 +79,8 @@ for batch in "${BATCH_SIZES[@]}"; do
   for r in $(seq "$REPS"); do
     for p in "${PRECISIONS[@]}"; do
       for b in "${LABELS[@]}"; do
-        flags=()
-        [ "$b" = new ] && flags=("${PROFILE_FLAG[@]}")
+        # Both binaries profiled or neither, so the profiler's cost is on both sides of an A/B.
+        flags=("${PROFILE_FLAG[@]}")
         out=$("${BINS[$b]}" generate "${common[@]}" "${flags[@]}" --matmul-precision "$p" "${prompts[@]}" \
           --max-tokens "$DECODE_TOKENS" --no-stream 2>&1 >/dev/null)
         dline=$(grep "^decode:" <<<"$out")
