@@ -147,9 +147,10 @@ constexpr TileFn kTileTable[kWideTileRows + 1] = {nullptr,
 
 // Weight rows [j, j + NR) over every packed x tile, which prefetch `next` (see kAhead) between them: with
 // several tiles each asks for an equal share of its lines. When the first tile asked for all of them (a
-// group is 24 KiB at k = 2048, requested in a quarter of the group's time), m = 16 ran at ~137 GFLOP/s per
-// core at k = 2048 and 4096 and m = 12 at ~123; shared, ~154 and ~146 (one thread's CPU time, medians of 4
-// alternated runs, weights streamed from DRAM). One tile keeps the fixed NR lines per step.
+// group is 24 KiB at k = 2048, requested in a quarter of the group's time), m = 16 ran at 146 / 147 GFLOP/s
+// per core at k = 2048 / 4096, m = 12 at 135 and m = 32 at 169; shared, 159 / 174, 152 and 182 (one
+// thread's CPU time, medians of 4 alternated runs, weights streamed from DRAM). One tile keeps the fixed NR
+// lines per step.
 template <int NR>
 void group(const uint16_t* xp, int64_t m, int64_t steps, const bf16* w, int64_t ldw, int64_t k, float* y,
            int64_t ldy, const char* next, int64_t next_bytes) {
