@@ -10,9 +10,9 @@
 # step's compute ceiling (its flops at the register-only peak of that precision's arithmetic).
 #
 # BASELINE names a second xmoe binary (e.g. main's build): every run then alternates the two, same load, and
-# each gets its own medians (an A/B in one run). PROFILE=1 adds `--profile` to the decode runs and prints
-# each run's decode step profile (time share, GB/s, GFLOP/s by op class). BATCHES lists the decode batch
-# sizes (default "1 8 16"); SKIP_PREFILL=1 leaves out the prefill runs.
+# each gets its own medians (an A/B in one run). PROFILE=1 adds `--profile` to both binaries' decode runs and
+# prints each run's decode step profile (time share, GB/s, GFLOP/s by op class). BATCHES lists the decode
+# batch sizes (default "1 8 16"); SKIP_PREFILL=1 leaves out the prefill runs.
 #
 #   tools/bench_compute.sh [build/xmoe]     env: MODEL (made with `xmoe init-model` if missing), THREADS=2,
 #                                           REPS=3, DECODE_TOKENS=32, SKIP_LAYER=1 to leave out `xmoe bench`,
