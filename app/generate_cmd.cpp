@@ -355,11 +355,18 @@ int run_generate(const GenerateOptions& o) {
   }
   // The machine is shared and its bandwidth drifts: the probe runs right before and right after the run, and
   // the higher of the two is the baseline (the conservative share).
+  // Run-queue waits (and the hypervisor's steal) show whether another process shared the CPUs with the probe
+  // or with the run: a share is only comparable with another run's when neither waited.
+  const double wait_probe0 = o.measure_bandwidth ? kernels::process_runqueue_wait_seconds() : 0.0;
   const double probe_before = o.measure_bandwidth ? kernels::measure_read_bandwidth_gbs() : 0.0;
   const double peak_before = o.measure_bandwidth ? compute_peak(o.isa, precision) : 0.0;
+  const double wait_run0 = o.measure_bandwidth ? kernels::process_runqueue_wait_seconds() : 0.0;
+  const double steal_run0 = o.measure_bandwidth ? kernels::machine_steal_seconds() : 0.0;
   const auto start = std::chrono::steady_clock::now();
   engine.run_until_idle();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double wait_run1 = o.measure_bandwidth ? kernels::process_runqueue_wait_seconds() : 0.0;
+  const double steal_run1 = o.measure_bandwidth ? kernels::machine_steal_seconds() : 0.0;
 
   std::vector<llm::GenerationResult> results;
   for (llm::RequestId id : ids) results.push_back(engine.take_result(id));
@@ -453,11 +460,23 @@ int run_generate(const GenerateOptions& o) {
                  step_bytes / 1e6, gbs);
   }
   if (o.measure_bandwidth) {
+    const double wait_probe2 = kernels::process_runqueue_wait_seconds();
     const double probe_after = kernels::measure_read_bandwidth_gbs();
+    const double wait_probe3 = kernels::process_runqueue_wait_seconds();
     const double peak = std::max(probe_before, probe_after);
     std::fprintf(stderr,
                  " = %.1f %% of the measured read bandwidth %.2f GB/s (probed %.2f before, %.2f after)",
                  100.0 * gbs / peak, peak, probe_before, probe_after);
+    if (wait_probe0 >= 0 && wait_probe3 >= 0) {
+      const double ms_run = 1e3 * (wait_run1 - wait_run0);
+      std::fprintf(
+          stderr,
+          "\ncpu contention: threads waited for a CPU %.1f ms in the run (%.1f %% of %d threads x "
+          "%.3f s), %.1f ms in the probe before, %.1f ms in the probe after; hypervisor steal %.2f s",
+          ms_run, 100.0 * ms_run / 1e3 / (wall * omp_get_max_threads()), omp_get_max_threads(), wall,
+          1e3 * (wait_run0 - wait_probe0), 1e3 * (wait_probe3 - wait_probe2),
+          steal_run0 >= 0 && steal_run1 >= 0 ? steal_run1 - steal_run0 : 0.0);
+    }
     // The roofline: every step bound by reading its bytes at the probed bandwidth.
     if (step_bytes > 0)
       std::fprintf(stderr,
