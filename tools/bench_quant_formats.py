@@ -42,7 +42,7 @@ PATTERNS = {
     "decode": r"decode: \d+ tokens in [\d.]+ s = ([\d.]+) tokens/s",
     "mb": r"weights read per decoded token: ([\d.]+) MB",
     "share": r"= ([\d.]+) % of the measured read bandwidth ([\d.]+) GB/s",
-    "probes": r"\(probed ([\d.]+) before, ([\d.]+) after\)",
+    "probes": r"\(probed ([\d.]+) before, ([\d.]+) after",
     "load": r"load: ([\d.]+) s for ([\d.]+) GB of checkpoint; resident after load ([\d.]+) GB \(([\d.]+) GB anonymous, "
             r"([\d.]+) GB mapped file pages\)",
 }
