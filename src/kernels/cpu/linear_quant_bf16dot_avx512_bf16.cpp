@@ -8,9 +8,9 @@
 //    subnormals and zeros (exponent 0) are replaced by a masked VPERMW from an 8-entry table, only in the
 //    chunks that hold one (a branch per chunk, rarely taken on trained or random weights).
 // Block scales multiply the f32 partial sums once per lane and chunk (one masked FMA per 32 FP4 or 64 FP8
-// weights and row). E2M1 / E8M0 / E4M3 scale codes become f32 by shifts; the codes those shifts do not decode
-// (NaN and E8M0 0 scales, FP8 NaN elements) are rare enough to be tracked by a running max/min, and a tile
-// that met one is computed again by the reference.
+// weights and row). E8M0 / E4M3 scale codes become f32 by shifts, 32 codes of a row at a time; the codes
+// those shifts do not decode (NaN, negative NVFP4 and E8M0 0 scales, FP8 NaN elements) are rare enough to be
+// tracked by a running max/min, and a tile that met one is computed again by the reference.
 // x rows are rounded to bf16 once per call, in the chunk order the weights unpack to. Weight rows stream in
 // small groups (stream()), each group against every tile of x rows while it is in L1, the group after next
 // prefetched into L2 meanwhile.
