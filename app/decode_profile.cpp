@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -32,6 +33,14 @@ using kernels::PackedWeight;
 // core on a loaded machine.
 double thread_now() {
   return cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+}
+
+// /proc/loadavg's first three fields ("?" where it cannot be read).
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  if (!(in >> one >> five >> fifteen)) return "?";
+  return one + " " + five + " " + fifteen;
 }
 
 // Decimal megabytes, as generate prints weights per token.
@@ -269,6 +278,9 @@ int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOpt
   }
   bytes[kLmHead] = static_cast<double>(lm_head.bytes());
   std::vector<double> totals;
+  // Another process on the cores shows as run-queue waits (the thread clock hides it; the bandwidth it takes
+  // does not).
+  const double wait0 = kernels::process_runqueue_wait_seconds(), wall0 = wall_seconds();
   for (int s = 0; s <= o.steps; ++s) {
     double t[kClasses] = {};
     step(s, t);
@@ -280,6 +292,7 @@ int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOpt
     }
     totals.push_back(sum);
   }
+  const double wait1 = kernels::process_runqueue_wait_seconds(), wall1 = wall_seconds();
 
   std::printf(
       "decode step at batch 1, %d threads, %s clock, %s: weight ops per class (medians of %d steps)\n",
@@ -324,6 +337,13 @@ int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOpt
                 bytes[kLmHead] / median(anon) / 1e9);
   }
   std::printf("read probe after: %.2f GB/s\n", kernels::measure_read_bandwidth_gbs());
+  if (wait0 >= 0 && wait1 >= 0)
+    std::printf(
+        "cpu contention: threads waited for a CPU %.1f ms in the %d steps (%.1f %% of %d threads x "
+        "%.3f s wall); load average %s\n",
+        1e3 * (wait1 - wait0), o.steps + 1,
+        100.0 * (wait1 - wait0) / ((wall1 - wall0) * omp_get_max_threads()), omp_get_max_threads(),
+        wall1 - wall0, load_average().c_str());
   return 0;
 }
 

@@ -206,6 +206,23 @@ std::string load_average() {
   return one + " " + five + " " + fifteen;
 }
 
+// The checkpoint's largest tensor (the lm_head or the embeddings at these sizes) when it is big enough for
+// the read probe (64 MiB).
+std::optional<llm::WeightView> largest_tensor(const llm::Checkpoint& checkpoint) {
+  std::optional<llm::WeightView> best;
+  for (const std::string& name : checkpoint.tensor_names()) {
+    llm::WeightView v;
+    try {
+      v = checkpoint.weight(name);
+    } catch (const Error&) {
+      continue;  // a dtype the loader does not read: not a weight the decode streams either
+    }
+    if (v.bytes.size() >= (size_t{64} << 20) && (!best || v.bytes.size() > best->bytes.size()))
+      best = std::move(v);
+  }
+  return best;
+}
+
 }  // namespace
 
 int run_generate(const GenerateOptions& o) {
@@ -355,11 +372,27 @@ int run_generate(const GenerateOptions& o) {
   }
   // The machine is shared and its bandwidth drifts: the probe runs right before and right after the run, and
   // the higher of the two is the baseline (the conservative share).
+  // Run-queue waits (and the hypervisor's steal) show whether another process shared the CPUs with the probe
+  // or with the run: a share is only comparable with another run's when neither waited.
+  // The probe's fresh anonymous buffer lands on other physical pages each time, and on this VM some pages
+  // stream ~20 % slower than others (a buffer keeps its rate; buffers differ): the probe also streams the
+  // largest mapped tensor, page-cache pages as the decode reads, and the share is of the highest rate.
+  const std::optional<llm::WeightView> mapped =
+      o.measure_bandwidth ? largest_tensor(checkpoint) : std::optional<llm::WeightView>{};
+  const auto probe_mapped = [&mapped] {
+    return mapped ? kernels::measure_read_bandwidth_gbs(mapped->bytes.data(), mapped->bytes.size()) : 0.0;
+  };
+  const double wait_probe0 = o.measure_bandwidth ? kernels::process_runqueue_wait_seconds() : 0.0;
   const double probe_before = o.measure_bandwidth ? kernels::measure_read_bandwidth_gbs() : 0.0;
+  const double mapped_before = o.measure_bandwidth ? probe_mapped() : 0.0;
   const double peak_before = o.measure_bandwidth ? compute_peak(o.isa, precision) : 0.0;
+  const double wait_run0 = o.measure_bandwidth ? kernels::process_runqueue_wait_seconds() : 0.0;
+  const double steal_run0 = o.measure_bandwidth ? kernels::machine_steal_seconds() : 0.0;
   const auto start = std::chrono::steady_clock::now();
   engine.run_until_idle();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double wait_run1 = o.measure_bandwidth ? kernels::process_runqueue_wait_seconds() : 0.0;
+  const double steal_run1 = o.measure_bandwidth ? kernels::machine_steal_seconds() : 0.0;
 
   std::vector<llm::GenerationResult> results;
   for (llm::RequestId id : ids) results.push_back(engine.take_result(id));
@@ -453,11 +486,28 @@ int run_generate(const GenerateOptions& o) {
                  step_bytes / 1e6, gbs);
   }
   if (o.measure_bandwidth) {
+    const double wait_probe2 = kernels::process_runqueue_wait_seconds();
     const double probe_after = kernels::measure_read_bandwidth_gbs();
-    const double peak = std::max(probe_before, probe_after);
+    const double mapped_after = probe_mapped();
+    const double wait_probe3 = kernels::process_runqueue_wait_seconds();
+    const double peak = std::max({probe_before, probe_after, mapped_before, mapped_after});
     std::fprintf(stderr,
-                 " = %.1f %% of the measured read bandwidth %.2f GB/s (probed %.2f before, %.2f after)",
+                 " = %.1f %% of the measured read bandwidth %.2f GB/s (probed %.2f before, %.2f after",
                  100.0 * gbs / peak, peak, probe_before, probe_after);
+    if (mapped)
+      std::fprintf(stderr, "; over the mapped %s (%.0f MB) %.2f before, %.2f after", mapped->name.c_str(),
+                   static_cast<double>(mapped->bytes.size()) / 1e6, mapped_before, mapped_after);
+    std::fprintf(stderr, ")");
+    if (wait_probe0 >= 0 && wait_probe3 >= 0) {
+      const double ms_run = 1e3 * (wait_run1 - wait_run0);
+      std::fprintf(
+          stderr,
+          "\ncpu contention: threads waited for a CPU %.1f ms in the run (%.1f %% of %d threads x "
+          "%.3f s), %.1f ms in the probe before, %.1f ms in the probe after; hypervisor steal %.2f s",
+          ms_run, 100.0 * ms_run / 1e3 / (wall * omp_get_max_threads()), omp_get_max_threads(), wall,
+          1e3 * (wait_run0 - wait_probe0), 1e3 * (wait_probe3 - wait_probe2),
+          steal_run0 >= 0 && steal_run1 >= 0 ? steal_run1 - steal_run0 : 0.0);
+    }
     // The roofline: every step bound by reading its bytes at the probed bandwidth.
     if (step_bytes > 0)
       std::fprintf(stderr,

@@ -251,5 +251,36 @@ TEST(QuantMedium, Fp4ScaleEdgeCases) {
     }
 }
 
+// The fast FP4 path decodes each row's scale codes 32 at a time (NVFP4: 512 columns, MXFP4: 1024) and checks
+// them once per tile: codes it leaves to the reference in a later group of a long row, in the last group's
+// tail, and negative NVFP4 scales (E4M3 sign bit set) must still give the reference's bits, in every row.
+TEST(QuantMedium, Fp4ScaleCodesInLaterGroups) {
+  const KernelTable* fast = medium_fast();
+  if (fast == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  std::mt19937 rng(23);
+  const int64_t n = 9, k = 2112;
+  auto mx = quantize_mxfp4(random_values(static_cast<size_t>(n * k), rng).data(), n, k);
+  mx.scales[static_cast<size_t>(1 * (k / 32) + 40)] = 0xFF;  // group 2
+  mx.scales[static_cast<size_t>(6 * (k / 32) + 65)] = 0x00;  // the k tail's group
+  auto nv = quantize_nvfp4(random_values(static_cast<size_t>(n * k), rng).data(), n, k);
+  nv.scales[static_cast<size_t>(2 * (k / 16) + 40)] |= 0x80;  // negative, group 2
+  nv.scales[static_cast<size_t>(4 * (k / 16) + 131)] = 0xB8;  // negative, the k tail
+  nv.scales[static_cast<size_t>(7 * (k / 16) + 100)] = 0xFF;  // NaN
+  for (const QuantizedMatrix* q : {&mx, &nv})
+    for (const int64_t m : {1, 2, 5}) {
+      const PackedWeight w = q->view();
+      const auto x = random_values(static_cast<size_t>(m * k), rng);
+      const auto want = run(medium_reference(), w, x, m, k, 0, n, n);
+      const std::string what = std::string(weight_format_name(w.format)) + " m=" + std::to_string(m);
+      for (int64_t i = 0; i < m; ++i) {
+        EXPECT_TRUE(std::isnan(want[i * n + (q == &mx ? 1 : 7)])) << what;
+        EXPECT_FALSE(std::isnan(want[i * n])) << what;
+      }
+      expect_same(run(*fast, w, x, m, k, 0, n, n), want, what);
+      expect_same(run(*fast, w, x, m, k, 1, n - 1, n), run(medium_reference(), w, x, m, k, 1, n - 1, n),
+                  what + " cols [1, n - 1)");
+    }
+}
+
 }  // namespace
 }  // namespace xmoe::kernels::quant

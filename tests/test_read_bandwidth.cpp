@@ -2,8 +2,11 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "kernels/read_bandwidth.hpp"
@@ -60,6 +63,31 @@ TEST(ReadBandwidth, ThreadClockTimesOneThread) {
   omp_set_num_threads(2);
   EXPECT_THROW(kernels::measure_read_bandwidth_gbs(buf.data(), bytes, 1, true), Error);
   omp_set_num_threads(saved);
+}
+
+TEST(ReadBandwidth, RunQueueWaitGrowsWhenThreadsOutnumberCpus) {
+  // More busy threads than CPUs must wait for one in turn: the process's summed run delay grows by a good
+  // part of the time they spin (each of n threads on c < n CPUs waits about (n - c) / n of it).
+  const double before = kernels::process_runqueue_wait_seconds();
+  if (before < 0) GTEST_SKIP() << "no /proc/self/task/*/schedstat";
+  const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+  const auto spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  std::vector<std::thread> threads;
+  for (unsigned i = 0; i < 2 * cpus; ++i)
+    threads.emplace_back([spin_until] {
+      volatile uint64_t n = 0;
+      while (std::chrono::steady_clock::now() < spin_until) n = n + 1;
+    });
+  // Read while they are alive: a thread that ended drops out of /proc/self/task.
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  const double during = kernels::process_runqueue_wait_seconds();
+  for (std::thread& t : threads) t.join();
+  EXPECT_GT(during - before, 0.02);
+  EXPECT_LT(during - before, 2 * cpus * 0.2 + 1.0);  // not off by a unit (ns read as ms, ...)
+  const double steal0 = kernels::machine_steal_seconds(), steal1 = kernels::machine_steal_seconds();
+  if (steal0 >= 0) {
+    EXPECT_GE(steal1, steal0);
+  }
 }
 
 }  // namespace

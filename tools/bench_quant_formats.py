@@ -9,8 +9,10 @@ or over checkpoints that exist already (the first is the baseline):
 
 Each run is one `xmoe generate` at batch 1: a --prompt-token prompt (prefill tok/s) followed by --decode greedy
 steps (decode tok/s, weight bytes read per token, share of the read bandwidth probed in the same run, load time
-and resident memory after load). Every checkpoint's files are read once before its runs (a cold page cache
-would time the disk, not the kernels), and each figure is the median over --repeats runs. The first format is
+and resident memory after load). Every repeat runs every checkpoint in turn (so that the machine's drift hits
+all alike), each checkpoint's files read right before its runs (a cold page cache would time the disk, not the
+kernels); each figure is the median over --repeats runs, and each run's share is printed too, marked where its
+threads waited for a CPU (another process on the machine; generate's run-queue report) more than --max-wait %. The first format is
 the baseline of the ratios: decode tok/s over the baseline's, the baseline's bytes per token over this format's
 (what decode would gain if it were purely bandwidth-bound; the goal is a tok/s ratio ≥ 0.9 × the bytes ratio),
 and prefill tok/s over the baseline's. Prints the CPU and the load average before and after. Standard library
@@ -40,9 +42,12 @@ PATTERNS = {
     "decode": r"decode: \d+ tokens in [\d.]+ s = ([\d.]+) tokens/s",
     "mb": r"weights read per decoded token: ([\d.]+) MB",
     "share": r"= ([\d.]+) % of the measured read bandwidth ([\d.]+) GB/s",
+    "probes": r"\(probed ([\d.]+) before, ([\d.]+) after",
     "load": r"load: ([\d.]+) s for ([\d.]+) GB of checkpoint; resident after load ([\d.]+) GB \(([\d.]+) GB anonymous, "
             r"([\d.]+) GB mapped file pages\)",
 }
+# The share of its threads' time the run spent waiting for a CPU (another process on the machine).
+WAIT = r"threads waited for a CPU [\d.]+ ms in the run \(([\d.]+) % of"
 FORMATS = ("bf16", "fp8-block", "mxfp4", "nvfp4")
 PROFILE_ROW = re.compile(r"^(.+?)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%$")
 PROFILE_PROBE = re.compile(r"read probe: ([\d.]+) GB/s anonymous buffer.*?; ([\d.]+) GB/s over the mapped lm_head")
@@ -92,6 +97,9 @@ def run(xmoe, directory, threads, prompt_len, decode, precision):
         if not m:
             sys.exit(f"{directory}: no '{key}' figure in the output:\n{out}")
         row[key] = [float(g) for g in m.groups()]
+    # Builds before the run-queue report (the baseline) print none: unknown, not zero.
+    m = re.search(WAIT, out)
+    row["wait"] = [float(m.group(1)) if m else float("nan")]
     return row
 
 
@@ -118,6 +126,12 @@ def median_row(runs):
     return {key: [statistics.median(r[key][i] for r in runs) for i in range(len(runs[0][key]))] for key in runs[0]}
 
 
+def run_shares(runs, max_wait):
+    """Each run's share of the bandwidth probed around it, in run order; * marks a run whose threads waited
+    for a CPU more than max_wait % of the time (its share says more about the other process than the kernels)."""
+    return " ".join(f"{r['share'][0]:.0f}{'*' if r['wait'][0] > max_wait else ''}" for r in runs)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--xmoe", default="build/xmoe")
@@ -133,6 +147,8 @@ def main():
     p.add_argument("--precision", choices=("highest", "medium"), default="highest",
                    help="--matmul-precision of every run (default of --variants)")
     p.add_argument("--variants", help="NAME=XMOE:PRECISION,... builds / precisions run in turn on every checkpoint")
+    p.add_argument("--max-wait", type=float, default=5.0,
+                   help="flag runs whose threads waited for a CPU more than this %% of the time")
     p.add_argument("checkpoints", nargs="*", help="format=directory; the first is the baseline")
     a = p.parse_args()
     variants = []  # (name, xmoe, precision)
@@ -154,38 +170,49 @@ def main():
     load_before = os.getloadavg()
     rows = []
     profiles = {}
+    # The machine's bandwidth drifts over minutes and other processes come and go: every repeat runs every
+    # checkpoint (and on it every variant in turn), so that drift hits all formats alike rather than the ones
+    # benchmarked last. All checkpoints together may not fit in the page cache: each is read in again right
+    # before its runs (cheap when its pages are still there).
+    runs = {(spec, v): [] for spec in specs for v in variants}
+    for rep in range(a.repeats):
+        for spec in specs:
+            fmt, directory = spec.split("=", 1)
+            warm_page_cache(directory)
+            for v in variants:
+                r = run(v[1], directory, a.threads, a.prompt, a.decode, v[2])
+                runs[(spec, v)].append(r)
+                print(f"repeat {rep + 1}/{a.repeats} {fmt} {v[0]}: {r['decode'][0]:.2f} decode tok/s, "
+                      f"{r['share'][0]:.1f} % of {r['share'][1]:.2f} GB/s (probed {r['probes'][0]:.2f} before, "
+                      f"{r['probes'][1]:.2f} after), threads waited for a CPU {r['wait'][0]:.1f} % of the run",
+                      file=sys.stderr)
     for spec in specs:
         fmt, directory = spec.split("=", 1)
-        warm_page_cache(directory)
-        runs = {v: [] for v in variants}
-        for _ in range(a.repeats):
-            for v in variants:
-                runs[v].append(run(v[1], directory, a.threads, a.prompt, a.decode, v[2]))
         for v in variants:
             name = fmt if len(variants) == 1 else f"{fmt} {v[0]}"
-            rows.append((name, median_row(runs[v])))
+            rows.append((name, median_row(runs[(spec, v)]), run_shares(runs[(spec, v)], a.max_wait)))
             if a.profile:
                 profiles[name] = profile(v[1], directory, a.threads, a.profile_steps, v[2])
-            decodes = ", ".join(f"{r['decode'][0]:.2f}" for r in runs[v])
-            print(f"{name}: done ({decodes} decode tok/s)", file=sys.stderr)
     load_after = os.getloadavg()
     base = rows[0][1]
     print(f"{info[0] if info else ''}; {a.threads} threads, batch 1, medians of {a.repeats} runs, OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY', 'passive')}; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
-    print(f"| format | weights/token MB | decode tok/s | share of read bandwidth | tok/s ratio | bytes ratio "
-          f"| tok/s ratio / bytes ratio | prefill {a.prompt} tok/s | prefill ratio | load s "
-          f"| RSS after load GB (anonymous + mapped file) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, r in rows:
+    print(f"| format | weights/token MB | decode tok/s | share of read bandwidth | shares per run % "
+          f"| tok/s ratio | bytes ratio | tok/s ratio / bytes ratio | prefill {a.prompt} tok/s | prefill ratio "
+          f"| load s | RSS after load GB (anonymous + mapped file) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, r, shares in rows:
         tok_ratio = r["decode"][0] / base["decode"][0]
         bytes_ratio = base["mb"][0] / r["mb"][0]
         print(f"| {name} | {r['mb'][0]:.1f} | {r['decode'][0]:.2f} | {r['share'][0]:.1f} % of {r['share'][1]:.1f} GB/s "
-              f"| {tok_ratio:.2f} | {bytes_ratio:.2f} | {tok_ratio / bytes_ratio:.2f} | {r['prefill'][0]:.1f} "
+              f"| {shares} | {tok_ratio:.2f} | {bytes_ratio:.2f} | {tok_ratio / bytes_ratio:.2f} | {r['prefill'][0]:.1f} "
               f"| {r['prefill'][0] / base['prefill'][0]:.2f} | {r['load'][0]:.2f} "
               f"| {r['load'][2]:.2f} ({r['load'][3]:.2f} + {r['load'][4]:.2f}) |")
 
-    for name, r in rows:
+    print(f"(shares per run in run order; * = its threads waited for a CPU more than {a.max_wait:g} % of the run: "
+          f"another process had the cores)")
+    for name, r, _ in rows:
         if name not in profiles:
             continue
         classes, (anon, mapped) = profiles[name]

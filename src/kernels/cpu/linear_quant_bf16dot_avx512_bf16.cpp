@@ -8,9 +8,9 @@
 //    subnormals and zeros (exponent 0) are replaced by a masked VPERMW from an 8-entry table, only in the
 //    chunks that hold one (a branch per chunk, rarely taken on trained or random weights).
 // Block scales multiply the f32 partial sums once per lane and chunk (one masked FMA per 32 FP4 or 64 FP8
-// weights and row). E2M1 / E8M0 / E4M3 scale codes become f32 by shifts; the codes those shifts do not decode
-// (NaN and E8M0 0 scales, FP8 NaN elements) are rare enough to be tracked by a running max/min, and a tile
-// that met one is computed again by the reference.
+// weights and row). E8M0 / E4M3 scale codes become f32 by shifts, 32 codes of a row at a time; the codes
+// those shifts do not decode (NaN, negative NVFP4 and E8M0 0 scales, FP8 NaN elements) are rare enough to be
+// tracked by a running max/min, and a tile that met one is computed again by the reference.
 // x rows are rounded to bf16 once per call, in the chunk order the weights unpack to. Weight rows stream in
 // small groups (stream()), each group against every tile of x rows while it is in L1, the group after next
 // prefetched into L2 meanwhile.
@@ -98,101 +98,116 @@ inline __m512i e2m1_bf16_table() {
                           0x0000);
 }
 
-// FP4 scales of one chunk (128 elements) of one row as the 16 lanes' multipliers.
-//  * NVFP4: 8 E4M3 codes, lane l taking code l / 2: each code put in its lane's top byte, shifted right by 4
-//    arithmetically and masked is the E4M3 value × 2^-120 (f32 subnormal for E4M3 subnormals), times the
-//    global scale × 2^120 the reference's product where that is exact (checked by the caller). A code is NaN
-//    when (code | 0x80) == 0xFF: tracked by a running max.
-//  * MXFP4: 4 E8M0 codes, lane l taking code l / 4, shifted into the exponent: exact but for codes 0 (a
-//    subnormal) and 0xFF (NaN), i.e. code + 1 ≤ 1 as a byte: tracked by a running min.
+// FP4 block multipliers, decoded once per group of chunks: one load of 32 scale codes per row (NVFP4: 4
+// chunks, MXFP4: 8), widened to words and shifted so that a code's word, put into the high half of a dword,
+// is the multiplier's f32 bits; each chunk then takes its lanes' codes with one masked VPERMW (lane l of a
+// chunk reads code l / 2 for NVFP4, l / 4 for MXFP4). Per chunk and row this is one permute (NVFP4: and one
+// multiply) instead of a load, broadcast, shuffle, shifts and guard updates.
+//  * NVFP4: code << 4 in the high word is the E4M3 value × 2^-120 (an f32 subnormal for E4M3 subnormals)
+//    for codes 0..0x7E; times the global scale × 2^120 it is the reference's product where that is exact
+//    (checked by the caller). Negative scale codes and NaN (0x7F, 0xFF) are left to the reference: a
+//    running max of the codes.
+//  * MXFP4: code << 7 in the high word is 2^(code - 127), exact but for codes 0 (a subnormal) and 0xFF (NaN):
+//    a running min and max.
 template <bool NV>
 struct Fp4Scales {
-  __m512 global;  // NVFP4's global scale × 2^120
-  __m512i control =
-      NV ? _mm512_set_epi32(0x07808080, 0x07808080, 0x06808080, 0x06808080, 0x05808080, 0x05808080,
-                            0x04808080, 0x04808080, 0x03808080, 0x03808080, 0x02808080, 0x02808080,
-                            0x01808080, 0x01808080, 0x00808080, 0x00808080)
-         : _mm512_set_epi32(0x80038080, 0x80038080, 0x80038080, 0x80038080, 0x80028080, 0x80028080,
-                            0x80028080, 0x80028080, 0x80018080, 0x80018080, 0x80018080, 0x80018080,
-                            0x80008080, 0x80008080, 0x80008080, 0x80008080);
   static constexpr int64_t kBlock = NV ? 16 : 32;
-  __m128i guard = NV ? _mm_setzero_si128() : _mm_set1_epi8(-1);
-  // `count` codes from `codes` (fewer than a chunk's in a k tail: there, the bytes past them are made codes
-  // that pass the guard; their lanes are masked off).
-  __m512 get(const uint8_t* codes, int64_t count) {
-    const bool full = count >= 128 / kBlock;
-    const auto tail = static_cast<__mmask16>((1u << std::min<int64_t>(count, 16)) - 1);
-    const __m128i q = NV     ? (full ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))
-                                     : _mm_maskz_loadu_epi8(tail, codes))
-                      : full ? _mm_set1_epi32(load_u32(codes))
-                             : _mm_mask_loadu_epi8(_mm_set1_epi8(1), tail, codes);
-    const __m512i placed = _mm512_shuffle_epi8(_mm512_maskz_broadcastq_epi64(0xff, q), control);
-    if constexpr (NV) {
-      guard = _mm_max_epu8(guard, _mm_or_si128(q, _mm_set1_epi8(-128)));
-      const __m512i bits = _mm512_and_si512(_mm512_maskz_srai_epi32(0xffff, placed, 4),
-                                            _mm512_set1_epi32(static_cast<int>(0x87F00000u)));
-      return _mm512_mul_ps(_mm512_castsi512_ps(bits), global);
-    } else {
-      guard = _mm_min_epu8(guard, _mm_add_epi8(q, _mm_set1_epi8(1)));
-      return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, placed, 7));
+  static constexpr int kCodesPerChunk = static_cast<int>(128 / kBlock);
+  static constexpr int kGroupChunks = 32 / kCodesPerChunk;
+  __m512 global;  // NVFP4's global scale × 2^120
+  __m256i lo = _mm256_set1_epi8(-1), hi = _mm256_setzero_si256();
+  // Word index of chunk 0's lanes (high words; the low words are zeroed): lane l reads code
+  // l · kCodesPerChunk / 16.
+  static __m512i first_index() {
+    alignas(64) uint16_t idx[32];
+    for (int l = 0; l < 16; ++l) {
+      idx[2 * l] = 0;
+      idx[2 * l + 1] = static_cast<uint16_t>(l * kCodesPerChunk / 16);
     }
+    return _mm512_load_si512(idx);
+  }
+  static __m512i next_index(__m512i index) {
+    return _mm512_add_epi16(index, _mm512_set1_epi16(kCodesPerChunk));
+  }
+  // Up to 32 codes from p (`count` left in the row; bytes past them are made codes that pass the guard,
+  // and their lanes are masked off) as words in multiplier position.
+  __m512i words(const uint8_t* p, int64_t count) {
+    const __mmask32 m = count >= 32 ? ~__mmask32(0) : (__mmask32(1) << count) - 1;
+    const __m256i q = NV ? _mm256_maskz_loadu_epi8(m, p) : _mm256_mask_loadu_epi8(_mm256_set1_epi8(1), m, p);
+    hi = _mm256_max_epu8(hi, q);
+    if constexpr (!NV) lo = _mm256_min_epu8(lo, q);
+    return _mm512_slli_epi16(_mm512_cvtepu8_epi16(q), NV ? 4 : 7);
+  }
+  __m512 chunk(__m512i words, __m512i index) const {
+    const __m512 v = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, index, words));
+    if constexpr (NV) return _mm512_mul_ps(v, global);
+    return v;
   }
   bool clean() const {
-    const __m128i bad = NV ? _mm_cmpeq_epi8(guard, _mm_set1_epi8(-1))
-                           : _mm_cmpeq_epi8(_mm_max_epu8(guard, _mm_set1_epi8(1)), _mm_set1_epi8(1));
-    return _mm_movemask_epi8(bad) == 0;
-  }
-  static int load_u32(const uint8_t* p) {
-    int v;
-    std::memcpy(&v, p, 4);
-    return v;
+    if constexpr (NV) return _mm256_cmpgt_epu8_mask(hi, _mm256_set1_epi8(0x7E)) == 0;
+    return _mm256_cmpgt_epu8_mask(hi, _mm256_set1_epi8(static_cast<char>(0xFE))) == 0 &&
+           _mm256_cmpeq_epi8_mask(lo, _mm256_setzero_si256()) == 0;
   }
 };
 
 // y for MR packed x rows (xp, rows `padded` apart) and NR FP4 weight rows from `data`; false when a scale
-// code the shifts do not decode was met (y is then not written).
+// code the shifts do not decode was met (y is then not written). `ahead` / `codes_ahead`: prefetch distance
+// of the weight and scale streams in bytes (0: none).
 template <bool NV, int MR, int NR>
 bool fp4_tile(const uint8_t* data, int64_t row_bytes, const uint8_t* codes, int64_t code_stride, int64_t k,
-              const uint16_t* xp, int64_t padded, float* y, int64_t ldy, __m512 global, int64_t ahead) {
+              const uint16_t* xp, int64_t padded, float* y, int64_t ldy, __m512 global, int64_t ahead,
+              int64_t codes_ahead) {
+  using Scales = Fp4Scales<NV>;
   const __m512i table = e2m1_bf16_table();
-  Fp4Scales<NV> scales{global};
+  Scales scales{global};
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t c = 0; c < k; c += 128) {
-    const int64_t left = k - c;
-    __m512i raw[NR];
-    __m512 mult[NR];
+  constexpr int64_t kGroup = 128 * Scales::kGroupChunks;
+  for (int64_t g = 0; g < k; g += kGroup) {
+    __m512i words[NR];
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) {
-      const uint8_t* d = data + j * row_bytes + c / 2;
-      if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(d + ahead), _MM_HINT_T1);
-      raw[j] = left >= 128 ? _mm512_loadu_si512(d) : _mm512_maskz_loadu_epi8(byte_mask(left / 2), d);
-      mult[j] = scales.get(codes + j * code_stride + c / Fp4Scales<NV>::kBlock, left / Fp4Scales<NV>::kBlock);
+      const uint8_t* q = codes + j * code_stride + g / Scales::kBlock;
+      if (codes_ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(q + codes_ahead), _MM_HINT_T1);
+      words[j] = scales.words(q, (k - g) / Scales::kBlock);
     }
-    __m512 part[MR][NR];
-#pragma GCC unroll 4
-    for (int s = 0; s < 4; ++s) {
-      __m512bh wv[NR];
+    __m512i index = Scales::first_index();
+    for (int64_t c = g; c < std::min(k, g + kGroup); c += 128, index = Scales::next_index(index)) {
+      const int64_t left = k - c;
+      __m512i raw[NR];
 #pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j)
-        wv[j] = (__m512bh)_mm512_permutexvar_epi16(
-            s == 0 ? raw[j] : _mm512_srli_epi16(raw[j], static_cast<unsigned>(4 * s)), table);
+      for (int j = 0; j < NR; ++j) {
+        const uint8_t* d = data + j * row_bytes + c / 2;
+        if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(d + ahead), _MM_HINT_T1);
+        raw[j] = left >= 128 ? _mm512_loadu_si512(d) : _mm512_maskz_loadu_epi8(byte_mask(left / 2), d);
+      }
+      __m512 part[MR][NR];
 #pragma GCC unroll 4
-      for (int i = 0; i < MR; ++i) {
-        const __m512bh xv = (__m512bh)_mm512_load_si512(xp + i * padded + c + 32 * s);
+      for (int s = 0; s < 4; ++s) {
+        __m512bh wv[NR];
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j)
-          part[i][j] = _mm512_dpbf16_ps(s == 0 ? _mm512_setzero_ps() : part[i][j], xv, wv[j]);
+          wv[j] = (__m512bh)_mm512_permutexvar_epi16(
+              s == 0 ? raw[j] : _mm512_srli_epi16(raw[j], static_cast<unsigned>(4 * s)), table);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) {
+          const __m512bh xv = (__m512bh)_mm512_load_si512(xp + i * padded + c + 32 * s);
+#pragma GCC unroll 8
+          for (int j = 0; j < NR; ++j)
+            part[i][j] = _mm512_dpbf16_ps(s == 0 ? _mm512_setzero_ps() : part[i][j], xv, wv[j]);
+        }
+      }
+      const __mmask16 lanes = lane_mask(left / 8);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) {
+        const __m512 mult = scales.chunk(words[j], index);
+#pragma GCC unroll 4
+        for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_mask3_fmadd_ps(part[i][j], mult, acc[i][j], lanes);
       }
     }
-    const __mmask16 lanes = lane_mask(left / 8);
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_mask3_fmadd_ps(part[i][j], mult[j], acc[i][j], lanes);
   }
   if (!scales.clean()) return false;
   for (int i = 0; i < MR; ++i)
@@ -406,7 +421,8 @@ struct Fp4Tile {
     float* y = a.y + i0 * a.ldy + n;
     const bool ok = dispatch_rows<MRMAX>(rows, [&](auto mr) {
       return fp4_tile<NV, decltype(mr)::value, NR>(data, w.row_bytes, codes, w.scale_row_stride, w.cols, x,
-                                                   padded, y, a.ldy, global, ahead);
+                                                   padded, y, a.ldy, global, ahead,
+                                                   ahead != 0 ? 2 * NR * w.scale_row_stride : 0);
     });
     if (!ok) redo(a, reference, i0, rows, n, NR);
   }
