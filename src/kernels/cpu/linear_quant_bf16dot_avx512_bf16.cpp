@@ -439,13 +439,13 @@ struct Fp8Tile {
 bool fp8_panel(const void* context, int64_t n, int rows, uint16_t* panel) {
   const Fp8Scales& sc = *static_cast<const Fp8Scales*>(context);
   const PackedWeight& w = *sc.w;
-  const int64_t k = w.cols;
+  const int64_t k = w.cols, bc = w.block_cols;
   const __m512i subnormals = e4m3_subnormal_table();
   __m512i guard = _mm512_setzero_si512();
   for (int j = 0; j < rows; ++j) {
     const auto* row = reinterpret_cast<const uint8_t*>(w.data) + (n + j) * w.row_bytes;
     const int64_t base = (n + j) / w.block_rows * w.scale_row_stride;
-    for (int64_t c = 0; c < k; c += 64) {
+    const auto chunk = [&](int64_t c, __m512 mult) {
       const int64_t left = k - c;
       const __m512i raw =
           left >= 64 ? _mm512_loadu_si512(row + c) : _mm512_maskz_loadu_epi8(byte_mask(left), row + c);
@@ -457,7 +457,15 @@ bool fp8_panel(const void* context, int64_t n, int rows, uint16_t* panel) {
         _mm512_store_si512(out + 32 * s,
                            (__m512i)(fixup ? e4m3_to_bf16(high, subnormals) : e4m3_normal_to_bf16(high)));
       }
-      _mm512_store_ps(out + 64, _mm512_maskz_mov_ps(lane_mask((left + 3) / 4), sc.chunk(base, c, k)));
+      _mm512_store_ps(out + 64, _mm512_maskz_mov_ps(lane_mask((left + 3) / 4), mult));
+    };
+    if (bc % 64 == 0) {  // chunks never straddle blocks: one multiplier per block and row, as in fp8_tile
+      for (int64_t p0 = 0, b = 0; p0 < k; p0 += bc, ++b) {
+        const __m512 mult = _mm512_set1_ps(sc.get(base + b) * 0x1p8f);
+        for (int64_t c = p0; c < std::min(k, p0 + bc); c += 64) chunk(c, mult);
+      }
+    } else {
+      for (int64_t c = 0; c < k; c += 64) chunk(c, sc.chunk(base, c, k));
     }
   }
   return _mm512_cmpeq_epi8_mask(guard, _mm512_set1_epi8(-1)) == 0;

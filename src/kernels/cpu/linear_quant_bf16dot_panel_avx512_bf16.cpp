@@ -42,9 +42,11 @@ struct Shape<4> {
 // here, shared with the panel and the weights streaming through).
 constexpr int64_t kBlockBytes = 384 * 1024;
 
-// y[i, j] for MR x rows (x: rows `padded` words apart) and the NR weight rows of a decoded panel. For each x
-// row, each weight row's chain over the chunk's steps and its FMA run back to back: the weights of the
-// chunk are in registers, the x vectors loaded once per row and chunk.
+// y[i, j] for MR x rows (x: rows `padded` words apart) and the NR weight rows of a decoded panel. FP8 (two
+// steps a chunk): for each x row, each weight row's chain over the chunk's steps and its FMA run back to
+// back, the chunk's weights in registers. FP4 (four steps): step by step over the whole tile, partial sums
+// in registers, which keeps the four dependent VDPBF16PS of a chain apart (about 10 % faster than back to
+// back at 512 rows).
 template <int S, int MR, int NR>
 void panel_tile(const uint16_t* x, int64_t padded, const uint16_t* panel, int64_t chunks, float* y,
                 int64_t ldy) {
@@ -57,22 +59,44 @@ void panel_tile(const uint16_t* x, int64_t padded, const uint16_t* panel, int64_
   for (int64_t c = 0; c < chunks; ++c) {
     const uint16_t* pc = panel + c * NR * kRowWords;
     const uint16_t* xc = x + c * S * 32;
-    __m512bh wv[S][NR];
+    const auto mult = [&](int j) { return _mm512_load_ps(pc + j * kRowWords + S * 32); };
+    if constexpr (S == 4) {
+      __m512 part[MR][NR];
 #pragma GCC unroll 4
-    for (int s = 0; s < S; ++s)
+      for (int s = 0; s < S; ++s) {
+        __m512bh wv[NR];
 #pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) wv[s][j] = (__m512bh)_mm512_load_si512(pc + j * kRowWords + s * 32);
+        for (int j = 0; j < NR; ++j) wv[j] = (__m512bh)_mm512_load_si512(pc + j * kRowWords + s * 32);
 #pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) {
-      __m512bh xv[S];
+        for (int i = 0; i < MR; ++i) {
+          const __m512bh xv = (__m512bh)_mm512_load_si512(xc + i * padded + s * 32);
+#pragma GCC unroll 8
+          for (int j = 0; j < NR; ++j)
+            part[i][j] = _mm512_dpbf16_ps(s == 0 ? _mm512_setzero_ps() : part[i][j], xv, wv[j]);
+        }
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(part[i][j], mult(j), acc[i][j]);
+    } else {
+      __m512bh wv[S][NR];
 #pragma GCC unroll 4
-      for (int s = 0; s < S; ++s) xv[s] = (__m512bh)_mm512_load_si512(xc + i * padded + s * 32);
+      for (int s = 0; s < S; ++s)
 #pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) {
-        __m512 part = _mm512_dpbf16_ps(_mm512_setzero_ps(), xv[0], wv[0][j]);
+        for (int j = 0; j < NR; ++j) wv[s][j] = (__m512bh)_mm512_load_si512(pc + j * kRowWords + s * 32);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        __m512bh xv[S];
 #pragma GCC unroll 4
-        for (int s = 1; s < S; ++s) part = _mm512_dpbf16_ps(part, xv[s], wv[s][j]);
-        acc[i][j] = _mm512_fmadd_ps(part, _mm512_load_ps(pc + j * kRowWords + S * 32), acc[i][j]);
+        for (int s = 0; s < S; ++s) xv[s] = (__m512bh)_mm512_load_si512(xc + i * padded + s * 32);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) {
+          __m512 part = _mm512_dpbf16_ps(_mm512_setzero_ps(), xv[0], wv[0][j]);
+#pragma GCC unroll 4
+          for (int s = 1; s < S; ++s) part = _mm512_dpbf16_ps(part, xv[s], wv[s][j]);
+          acc[i][j] = _mm512_fmadd_ps(part, mult(j), acc[i][j]);
+        }
       }
     }
   }
