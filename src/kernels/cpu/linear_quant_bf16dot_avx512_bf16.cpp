@@ -445,8 +445,12 @@ bool fp8_panel(const void* context, int64_t n, int rows, uint16_t* panel) {
   for (int j = 0; j < rows; ++j) {
     const auto* row = reinterpret_cast<const uint8_t*>(w.data) + (n + j) * w.row_bytes;
     const int64_t base = (n + j) / w.block_rows * w.scale_row_stride;
+    // The same row of the next group (the panel path's next decode), into L2 while this group's tiles run.
+    const char* next =
+        n + j + rows < w.rows ? reinterpret_cast<const char*>(row + rows * w.row_bytes) : nullptr;
     const auto chunk = [&](int64_t c, __m512 mult) {
       const int64_t left = k - c;
+      if (next != nullptr) _mm_prefetch(next + c, _MM_HINT_T1);
       const __m512i raw =
           left >= 64 ? _mm512_loadu_si512(row + c) : _mm512_maskz_loadu_epi8(byte_mask(left), row + c);
       guard = _mm512_max_epu8(guard, _mm512_or_si512(raw, _mm512_set1_epi8(-128)));
@@ -487,8 +491,17 @@ bool fp4_panel(const void* context, int64_t n, int rows, uint16_t* panel) {
   for (int j = 0; j < rows; ++j) {
     const auto* row = reinterpret_cast<const uint8_t*>(w.data) + (n + j) * w.row_bytes;
     const auto* codes = reinterpret_cast<const uint8_t*>(w.scales) + (n + j) * w.scale_row_stride;
+    // The same row of the next group (the panel path's next decode), into L2 while this group's tiles run.
+    const bool ahead = n + j + rows < w.rows;
     for (int64_t c = 0; c < k; c += 128) {
       const int64_t left = k - c;
+      if (ahead) {
+        _mm_prefetch(reinterpret_cast<const char*>(row + rows * w.row_bytes + c / 2), _MM_HINT_T1);
+        if (c / Fp4Scales<NV>::kBlock % 64 == 0)
+          _mm_prefetch(
+              reinterpret_cast<const char*>(codes + rows * w.scale_row_stride + c / Fp4Scales<NV>::kBlock),
+              _MM_HINT_T1);
+      }
       const __m512i raw = left >= 128 ? _mm512_loadu_si512(row + c / 2)
                                       : _mm512_maskz_loadu_epi8(byte_mask(left / 2), row + c / 2);
       const __m512 mult = scales.get(codes + c / Fp4Scales<NV>::kBlock, left / Fp4Scales<NV>::kBlock);
