@@ -527,7 +527,7 @@ void fp4_linear(const LinearArgs& a, WeightFormat format, LinearFn reference) {
   if (NV && (!(std::fabs(g) < 0x1p8f) || (_mm_getcsr() & kDenormalsAreZero) != 0)) return reference(a);
   const int64_t padded = (a.w->cols + 127) / 128 * 128;
   const Buffer xp = pack_x(a, 128, padded);
-  if (a.m >= kQuantPanelMinRows) {
+  if (a.m >= kQuantPanelMinRowsFp4) {
     const Fp4Panel<NV> source{a.w, _mm512_set1_ps(g * 0x1p120f)};
     return quant_panel_linear(a, xp.get(), padded, {4, &source, fp4_panel<NV>, reference});
   }
@@ -542,7 +542,7 @@ void linear_fp8_block_medium(const LinearArgs& a) {
   const int64_t padded = (a.w->cols + 63) / 64 * 64;
   const Buffer xp = pack_x(a, 64, padded);
   const Fp8Scales scales(*a.w);
-  if (a.m >= kQuantPanelMinRows)
+  if (a.m >= kQuantPanelMinRowsFp8)
     return quant_panel_linear(a, xp.get(), padded,
                               {2, &scales, fp8_panel, reference::linear_fp8_block_medium});
   stream(a, Fp8Tile{a, scales, xp.get(), padded, reference::linear_fp8_block_medium});

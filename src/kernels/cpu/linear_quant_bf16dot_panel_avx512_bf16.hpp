@@ -10,9 +10,12 @@
 
 namespace xmoe::kernels::avx512_bf16 {
 
-// From this many x rows on, the quantized medium linears take the panel path: below it, decoding the weights
-// in registers for every tile of x rows was as fast (measured; see the README).
-inline constexpr int64_t kQuantPanelMinRows = 8;
+// From this many x rows on, the quantized medium linears take the panel path. Below, decoding the weights in
+// registers for every tile of x rows was as fast or faster (one thread, k = 768 and 2048, 16 to 48 rows): FP8
+// gains 8-11 % at 24 rows and is even at 16; FP4, whose register decode overlaps the products better, is even
+// at 24 and gains from 32.
+inline constexpr int64_t kQuantPanelMinRowsFp8 = 24;
+inline constexpr int64_t kQuantPanelMinRowsFp4 = 32;
 
 // Where a panel's weights come from. decode(context, n, rows, panel) writes weight rows [n, n + rows) for
 // every chunk c of the padded k: at panel + (c · rows + j) · (steps + 1) · 32 words, row j's `steps` vectors
@@ -26,7 +29,7 @@ struct QuantPanelSource {
   LinearFn reference = nullptr;
 };
 
-// a.y for a.m rows (any m; meant for m ≥ kQuantPanelMinRows) and columns [a.n0, a.n1), given x already
+// a.y for a.m rows (any m; meant for the thresholds above) and columns [a.n0, a.n1), given x already
 // rounded and put in chunk order (xp: row i at xp + i · padded words, zeros past k up to `padded`).
 void quant_panel_linear(const LinearArgs& a, const uint16_t* xp, int64_t padded, const QuantPanelSource& src);
 
