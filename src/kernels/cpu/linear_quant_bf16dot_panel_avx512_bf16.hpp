@@ -1,8 +1,8 @@
 // Many-row (prefill) form of the `medium` linears over block-quantized weights on AVX512-BF16: each group of
 // weight rows is decoded once per block of x rows into a small bf16 panel, then register tiles of x rows run
 // over it. Decoding stays with the decode-shaped kernels (linear_quant_bf16dot_avx512_bf16.cpp), which pass a
-// QuantPanelSource; the arithmetic is linear_quant_bf16dot.hpp's, so the bits are the reference's. Included
-// only by files compiled for AVX512-BF16.
+// QuantPanelSource; the arithmetic is linear_quant_bf16dot.hpp's, so the bits are the reference's. Only
+// declarations: the tests read the row thresholds to test either side of them.
 #pragma once
 #include <cstdint>
 
