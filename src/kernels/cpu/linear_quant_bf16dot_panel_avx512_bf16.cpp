@@ -112,7 +112,7 @@ void panel_tile(const uint16_t* x, int64_t padded, const uint16_t* panel, int64_
 
 using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*, int64_t);
 
-// kTiles[mr - 1] = the tile of mr x rows and NR weight rows.
+// kTilesOf<S, NR, 1, 2, 3, 4>[mr - 1] = the tile of mr x rows and NR weight rows.
 template <int S, int NR, int... MR>
 constexpr TileFn kTilesOf[] = {panel_tile<S, MR, NR>...};
 
