@@ -13,7 +13,11 @@ namespace xmoe::kernels::avx512_bf16 {
 // From this many x rows on, the quantized medium linears take the panel path. Below, decoding the weights in
 // registers for every tile of x rows was as fast or faster (one thread, k = 768 and 2048, 16 to 48 rows): FP8
 // gains 8-11 % at 24 rows and is even at 16; FP4, whose register decode overlaps the products better, is even
-// at 24 and gains from 32.
+// at 24 and gains from 32. Measured again with FP4 panels from 8 rows (linear-bench, medians of 3): against
+// the register decode they lose 14-18 % at 8 rows, 3-6 % at 16; at 20 they are even at k = 768 and 3-5 %
+// slower at k = 2048; at 24 they gain 2-3 % at k = 768 and lose 0-2 % at k = 2048, where the register decode
+// already runs at 157-161 GFLOP/s against the panel's 166-169 at 512 rows. Expert gate/up (k = 2048) carry
+// twice the down projection's (k = 768) work, so 32 stays.
 inline constexpr int64_t kQuantPanelMinRowsFp8 = 24;
 inline constexpr int64_t kQuantPanelMinRowsFp4 = 32;
 
