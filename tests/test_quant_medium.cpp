@@ -6,16 +6,22 @@
 //  * the AVX512-BF16 kernels against that reference bit for bit: decode and prefill row counts, column
 //    sub-ranges, k tails, every E4M3 code point (subnormals, zeros, NaN), NaN and zero scales, a large NVFP4
 //    global scale and denormals-are-zero (their fallbacks);
-//  * each output independent of the rest of its batch.
+//  * each output independent of the rest of its batch: every row of a batch equals that row computed alone,
+//    across the switch from register decode to decoded weight panels (the row counts either side of it) and
+//    past one L2 block of x rows, and for any thread count of the column split.
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <xmmintrin.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/linear_quant_bf16dot_panel_avx512_bf16.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/linear.hpp"
 #include "kernels/quant/codecs.hpp"
 #include "kernels/quant/quantize.hpp"
 #include "quant_fixture.hpp"
@@ -144,6 +150,15 @@ struct Shape {
   int64_t n, k;
 };
 
+// Row counts each side of the AVX512-BF16 kernels' switch to decoded panels (a tile of fewer rows is the only
+// tile at the threshold, one more row makes tiles of two heights) and one that needs two L2 blocks of x rows
+// at k = 2048.
+std::vector<int64_t> panel_row_counts(WeightFormat f) {
+  const int64_t t =
+      f == WeightFormat::fp8_block ? avx512_bf16::kQuantPanelMinRowsFp8 : avx512_bf16::kQuantPanelMinRowsFp4;
+  return {t - 1, t, t + 1, 130};
+}
+
 void check_format(WeightFormat f, const std::vector<Shape>& shapes) {
   const KernelTable* fast = medium_fast();
   if (fast == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
@@ -152,7 +167,10 @@ void check_format(WeightFormat f, const std::vector<Shape>& shapes) {
     const QuantizedMatrix q =
         quantize(f, random_values(static_cast<size_t>(s.n * s.k), rng, 0.05f), s.n, s.k);
     const PackedWeight w = q.view();
-    for (const int64_t m : {1, 2, 3, 5, 6, 7, 8}) {
+    std::vector<int64_t> row_counts = {1, 2, 3, 5, 6, 7, 8};
+    for (const int64_t m : panel_row_counts(f))
+      if (s.n * m * s.k <= 3'000'000) row_counts.push_back(m);  // the scalar reference is slow
+    for (const int64_t m : row_counts) {
       const int64_t ldx = s.k + 3, ldy = s.n + 2;
       const auto x = random_values(static_cast<size_t>(m * ldx), rng);
       for (const auto& [n0, n1] : {std::pair<int64_t, int64_t>{0, s.n}, {s.n / 3, s.n - s.n / 4}}) {
@@ -162,11 +180,13 @@ void check_format(WeightFormat f, const std::vector<Shape>& shapes) {
                                  " k=" + std::to_string(s.k) + " m=" + std::to_string(m) + " cols [" +
                                  std::to_string(n0) + ", " + std::to_string(n1) + ")";
         expect_same(run(*fast, w, x, m, ldx, n0, n1, ldy), want, what);
-        if (m > 1) {  // the last row alone gets the bits it gets inside the batch
-          const std::vector<float> x_last(x.end() - ldx, x.end());
-          const std::vector<float> in_batch(want.end() - ldy, want.end());
-          expect_same(run(*fast, w, x_last, 1, ldx, n0, n1, ldy), in_batch, what + " last row alone");
-        }
+        if (m > 1)  // each row alone gets the bits it gets inside the batch
+          for (int64_t i = 0; i < m; i += std::max<int64_t>(1, m / 9)) {
+            const std::vector<float> x_row(x.begin() + i * ldx, x.begin() + (i + 1) * ldx);
+            const std::vector<float> in_batch(want.begin() + i * ldy, want.begin() + (i + 1) * ldy);
+            expect_same(run(*fast, w, x_row, 1, ldx, n0, n1, ldy), in_batch,
+                        what + " row " + std::to_string(i) + " alone");
+          }
       }
     }
   }
@@ -197,7 +217,8 @@ TEST(QuantMedium, Fp8EveryCodePointAndBlockShape) {
     }
     q.data[static_cast<size_t>((n - 1) * k + 100)] = 0xFF;  // the last row only
     const PackedWeight w = q.view();
-    for (const int64_t m : {1, 2, 5}) {
+    for (const int64_t m :
+         {int64_t{1}, int64_t{2}, int64_t{5}, panel_row_counts(WeightFormat::fp8_block)[2]}) {
       const auto x = random_values(static_cast<size_t>(m * k), rng);
       const auto want = run(medium_reference(), w, x, m, k, 0, n, n);
       for (int64_t i = 0; i < m; ++i)
@@ -214,6 +235,30 @@ TEST(QuantMedium, Fp8EveryCodePointAndBlockShape) {
   const PackedWeight w = e8.view();
   const auto x = random_values(static_cast<size_t>(2 * k), rng);
   expect_same(run(*fast, w, x, 2, k, 0, n, n), run(medium_reference(), w, x, 2, k, 0, n, n), "fp8 e8m0");
+}
+
+// An infinite FP8 block multiplier over the k tail: the reference leaves the lanes wholly past k alone, so
+// with positive products in every live lane each output is +inf; a lane past k that took 0 · inf would make
+// it NaN.
+TEST(QuantMedium, Fp8InfiniteMultiplierOverTheKTail) {
+  const KernelTable* fast = medium_fast();
+  if (fast == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  std::mt19937 rng(27);
+  std::uniform_real_distribution<float> positive(0.5f, 1.0f);
+  const int64_t n = 6, k = 1000;  // the last chunk, [960, 1000), has 10 of its 16 lanes
+  std::vector<float> wv(static_cast<size_t>(n * k));
+  for (auto& v : wv) v = positive(rng);
+  auto q = quantize_fp8_block(wv.data(), n, k);
+  const float inf = INFINITY;
+  std::memcpy(q.scales.data() + 4 * (k / 128), &inf, 4);  // block [0, 128) x [896, 1000)
+  const PackedWeight w = q.view();
+  for (const int64_t m : {int64_t{1}, int64_t{5}, panel_row_counts(WeightFormat::fp8_block)[2]}) {
+    std::vector<float> x(static_cast<size_t>(m * k));
+    for (auto& v : x) v = positive(rng);
+    const auto want = run(medium_reference(), w, x, m, k, 0, n, n);
+    for (const float v : want) ASSERT_EQ(v, inf);
+    expect_same(run(*fast, w, x, m, k, 0, n, n), want, "fp8 infinite tail multiplier m=" + std::to_string(m));
+  }
 }
 
 // Scale codes the fast decode leaves to the reference (MXFP4 0xFF and 0, NVFP4 0x7F), an NVFP4 global scale
@@ -233,7 +278,7 @@ TEST(QuantMedium, Fp4ScaleEdgeCases) {
   nv_big.scales[static_cast<size_t>(5 * (k / 16) + 1)] = 0x30;
   nv_big.global_scale = 300.0f;
   for (const QuantizedMatrix* q : {&mx, &nv, &nv_big})
-    for (const int64_t m : {1, 4}) {
+    for (const int64_t m : {int64_t{1}, int64_t{4}, panel_row_counts(q->view().format)[2]}) {
       const PackedWeight w = q->view();
       const auto x = random_values(static_cast<size_t>(m * k), rng);
       const auto want = run(medium_reference(), w, x, m, k, 0, n, n);
@@ -267,7 +312,7 @@ TEST(QuantMedium, Fp4ScaleCodesInLaterGroups) {
   nv.scales[static_cast<size_t>(4 * (k / 16) + 131)] = 0xB8;  // negative, the k tail
   nv.scales[static_cast<size_t>(7 * (k / 16) + 100)] = 0xFF;  // NaN
   for (const QuantizedMatrix* q : {&mx, &nv})
-    for (const int64_t m : {1, 2, 5}) {
+    for (const int64_t m : {int64_t{1}, int64_t{2}, int64_t{5}, panel_row_counts(q->view().format)[2]}) {
       const PackedWeight w = q->view();
       const auto x = random_values(static_cast<size_t>(m * k), rng);
       const auto want = run(medium_reference(), w, x, m, k, 0, n, n);
@@ -280,6 +325,29 @@ TEST(QuantMedium, Fp4ScaleCodesInLaterGroups) {
       expect_same(run(*fast, w, x, m, k, 1, n - 1, n), run(medium_reference(), w, x, m, k, 1, n - 1, n),
                   what + " cols [1, n - 1)");
     }
+}
+
+// linear_forward splits the columns over the team in blocks of 8, so a panel group or a tile ends at a block
+// edge for some thread counts and not others: every count must give the reference's bits.
+TEST(QuantMedium, AnyThreadCountGivesTheReferenceBits) {
+  const KernelTable* fast = medium_fast();
+  if (fast == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  std::mt19937 rng(31);
+  const int saved = omp_get_max_threads();
+  for (const WeightFormat f : {WeightFormat::fp8_block, WeightFormat::mxfp4, WeightFormat::nvfp4}) {
+    const int64_t n = 150, k = f == WeightFormat::fp8_block ? 1000 : 1024, m = panel_row_counts(f)[2];
+    const QuantizedMatrix q = quantize(f, random_values(static_cast<size_t>(n * k), rng, 0.05f), n, k);
+    const PackedWeight w = q.view();
+    const auto x = random_values(static_cast<size_t>(m * k), rng);
+    const auto want = run(medium_reference(), w, x, m, k, 0, n, n);
+    for (const int threads : {1, 2, 3, 5}) {
+      omp_set_num_threads(threads);
+      std::vector<float> got(static_cast<size_t>(m * n));
+      linear_forward(*fast, w, x.data(), m, got.data());
+      expect_same(got, want, std::string(weight_format_name(f)) + " " + std::to_string(threads) + " threads");
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 }  // namespace

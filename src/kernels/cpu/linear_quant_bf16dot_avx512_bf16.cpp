@@ -26,6 +26,7 @@
 #include "kernels/cpu/bf16dot_lanes_avx512_bf16.hpp"
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/cpu/linear_quant_bf16dot.hpp"
+#include "kernels/cpu/linear_quant_bf16dot_panel_avx512_bf16.hpp"
 #include "kernels/cpu/linear_reduce_avx512.hpp"
 #include "kernels/quant/codecs.hpp"
 #include "xmoe/error.hpp"
@@ -449,6 +450,94 @@ struct Fp8Tile {
   }
 };
 
+// Panels for quant_panel_linear (many x rows): the tiles' register decode, written out once per weight row
+// and chunk with the lanes wholly past k given zero multipliers.
+bool fp8_panel(const void* context, int64_t n, int rows, uint16_t* panel) {
+  const Fp8Scales& sc = *static_cast<const Fp8Scales*>(context);
+  const PackedWeight& w = *sc.w;
+  const int64_t k = w.cols, bc = w.block_cols;
+  const __m512i subnormals = e4m3_subnormal_table();
+  __m512i guard = _mm512_setzero_si512();
+  for (int j = 0; j < rows; ++j) {
+    const auto* row = reinterpret_cast<const uint8_t*>(w.data) + (n + j) * w.row_bytes;
+    const int64_t base = (n + j) / w.block_rows * w.scale_row_stride;
+    // The same row of the next group (the panel path's next decode), into L2 while this group's tiles run.
+    const char* next =
+        n + j + rows < w.rows ? reinterpret_cast<const char*>(row + rows * w.row_bytes) : nullptr;
+    const auto chunk = [&](int64_t c, __m512 mult) {
+      const int64_t left = k - c;
+      if (next != nullptr) _mm_prefetch(next + c, _MM_HINT_T1);
+      const __m512i raw =
+          left >= 64 ? _mm512_loadu_si512(row + c) : _mm512_maskz_loadu_epi8(byte_mask(left), row + c);
+      guard = _mm512_max_epu8(guard, _mm512_or_si512(raw, _mm512_set1_epi8(-128)));
+      const bool fixup = _mm512_mask_testn_epi8_mask(byte_mask(left), raw, _mm512_set1_epi8(0x78)) != 0;
+      uint16_t* out = panel + (c / 64 * rows + j) * 3 * 32;
+      for (int s = 0; s < 2; ++s) {
+        const __m512i high = s == 0 ? _mm512_slli_epi16(raw, 8) : raw;
+        _mm512_store_si512(out + 32 * s,
+                           (__m512i)(fixup ? e4m3_to_bf16(high, subnormals) : e4m3_normal_to_bf16(high)));
+      }
+      _mm512_store_ps(out + 64, _mm512_maskz_mov_ps(lane_mask((left + 3) / 4), mult));
+    };
+    if (bc % 64 == 0) {  // chunks never straddle blocks: one multiplier per block and row, as in fp8_tile
+      for (int64_t p0 = 0, b = 0; p0 < k; p0 += bc, ++b) {
+        const __m512 mult = _mm512_set1_ps(sc.get(base + b) * 0x1p8f);
+        for (int64_t c = p0; c < std::min(k, p0 + bc); c += 64) chunk(c, mult);
+      }
+    } else {
+      for (int64_t c = 0; c < k; c += 64) chunk(c, sc.chunk(base, c, k));
+    }
+  }
+  return _mm512_cmpeq_epi8_mask(guard, _mm512_set1_epi8(-1)) == 0;
+}
+
+template <bool NV>
+struct Fp4Panel {
+  const PackedWeight* w;
+  __m512 global;
+};
+
+template <bool NV>
+bool fp4_panel(const void* context, int64_t n, int rows, uint16_t* panel) {
+  const Fp4Panel<NV>& p = *static_cast<const Fp4Panel<NV>*>(context);
+  const PackedWeight& w = *p.w;
+  const int64_t k = w.cols;
+  const __m512i table = e2m1_bf16_table();
+  using Scales = Fp4Scales<NV>;
+  constexpr int64_t kGroup = 128 * Scales::kGroupChunks;
+  Scales scales{p.global};
+  for (int j = 0; j < rows; ++j) {
+    const auto* row = reinterpret_cast<const uint8_t*>(w.data) + (n + j) * w.row_bytes;
+    const auto* codes = reinterpret_cast<const uint8_t*>(w.scales) + (n + j) * w.scale_row_stride;
+    // The same row of the next group (the panel path's next decode), into L2 while this group's tiles run.
+    const bool ahead = n + j + rows < w.rows;
+    __m512i words = _mm512_setzero_si512(), index = Scales::first_index();
+    for (int64_t c = 0; c < k; c += 128, index = Scales::next_index(index)) {
+      const int64_t left = k - c;
+      if (c % kGroup == 0) {  // the next 32 scale codes, as fp4_tile takes them
+        words = scales.words(codes + c / Scales::kBlock, left / Scales::kBlock);
+        index = Scales::first_index();
+      }
+      if (ahead) {
+        _mm_prefetch(reinterpret_cast<const char*>(row + rows * w.row_bytes + c / 2), _MM_HINT_T1);
+        if (c / Scales::kBlock % 64 == 0)
+          _mm_prefetch(reinterpret_cast<const char*>(codes + rows * w.scale_row_stride + c / Scales::kBlock),
+                       _MM_HINT_T1);
+      }
+      const __m512i raw = left >= 128 ? _mm512_loadu_si512(row + c / 2)
+                                      : _mm512_maskz_loadu_epi8(byte_mask(left / 2), row + c / 2);
+      const __m512 mult = scales.chunk(words, index);
+      uint16_t* out = panel + (c / 128 * rows + j) * 5 * 32;
+      for (int s = 0; s < 4; ++s)
+        _mm512_store_si512(out + 32 * s,
+                           _mm512_permutexvar_epi16(
+                               s == 0 ? raw : _mm512_srli_epi16(raw, static_cast<unsigned>(4 * s)), table));
+      _mm512_store_ps(out + 128, _mm512_maskz_mov_ps(lane_mask(left / 8), mult));
+    }
+  }
+  return scales.clean();
+}
+
 template <bool NV>
 void fp4_linear(const LinearArgs& a, WeightFormat format, LinearFn reference) {
   quant::check_linear_args(a, format);
@@ -460,6 +549,10 @@ void fp4_linear(const LinearArgs& a, WeightFormat format, LinearFn reference) {
   if (NV && (!(std::fabs(g) < 0x1p8f) || (_mm_getcsr() & kDenormalsAreZero) != 0)) return reference(a);
   const int64_t padded = (a.w->cols + 127) / 128 * 128;
   const Buffer xp = pack_x(a, 128, padded);
+  if (a.m >= kQuantPanelMinRowsFp4) {
+    const Fp4Panel<NV> source{a.w, _mm512_set1_ps(g * 0x1p120f)};
+    return quant_panel_linear(a, xp.get(), padded, {4, &source, fp4_panel<NV>, reference});
+  }
   stream(a, Fp4Tile<NV>{a, xp.get(), padded, _mm512_set1_ps(g * 0x1p120f), reference});
 }
 
@@ -471,6 +564,9 @@ void linear_fp8_block_medium(const LinearArgs& a) {
   const int64_t padded = (a.w->cols + 63) / 64 * 64;
   const Buffer xp = pack_x(a, 64, padded);
   const Fp8Scales scales(*a.w);
+  if (a.m >= kQuantPanelMinRowsFp8)
+    return quant_panel_linear(a, xp.get(), padded,
+                              {2, &scales, fp8_panel, reference::linear_fp8_block_medium});
   stream(a, Fp8Tile{a, scales, xp.get(), padded, reference::linear_fp8_block_medium});
 }
 void linear_mxfp4_medium(const LinearArgs& a) {
