@@ -31,9 +31,11 @@ inline __m256 load8(const f16* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// Weight rows start ldw elements apart; each holds k elements.
+// Weight rows start ldw elements apart; each holds k elements. `next` / `next_bytes`: memory to prefetch into
+// L2 while this tile runs, spread evenly over its steps (see rows_block for why).
 template <int MR, int NR, class W>
-void tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k, float* y, int64_t ldy) {
+void tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k, float* y, int64_t ldy,
+          const char* next = nullptr, int64_t next_bytes = 0) {
   __m256 lo[MR][NR], hi[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) lo[i][j] = hi[i][j] = _mm256_setzero_ps();
@@ -48,8 +50,14 @@ void tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k, float
   };
   const float* xs[MR];
   const W* ws[NR];
+  // Each step reads NR·16 weights; prefetching as many bytes of `next` per step covers a tile of the same
+  // shape by the time this one ends.
+  constexpr int64_t kStepBytes = NR * 16 * int64_t(sizeof(W));
   int64_t p = 0;
   for (; p + 16 <= k; p += 16) {
+    const int64_t at = p / 16 * kStepBytes;
+    for (int64_t b = at; b < std::min(at + kStepBytes, next_bytes); b += 64)
+      _mm_prefetch(next + b, _MM_HINT_T1);
     for (int i = 0; i < MR; ++i) xs[i] = x + i * ldx + p;
     for (int j = 0; j < NR; ++j) ws[j] = w + j * ldw + p;
     step(xs, ws);
@@ -76,11 +84,30 @@ void tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k, float
     }
 }
 
+// Columns [n0, n1) for MR rows: NR weight rows at a time, then one at a time for the tail.
+//
+// Decode (m < 4) is bound by how fast the weights stream in, and the hardware prefetchers alone do not keep
+// up: they stop at 4 KiB pages, and a tile reads NR rows at once (each a page or less of bf16 at Qwen3
+// shapes), so every tile's streams would start cold. Each tile therefore asks for the rows kRowsAhead tiles
+// on to come into L2 while it computes, as the AVX-512 kernels do; the first tiles' rows are requested up
+// front. bf16, m = 1, one thread's CPU time, weights from DRAM, medians of 8 alternated runs (Zen 4):
+// without a software prefetch expert gate+up streamed at 15.1 GB/s, expert down (k = 768) 8.7, attention q
+// 14.8; one tile ahead 19.3 / 17.0 / 20.2; two tiles ahead 20.2 / 20.6 / 20.9.
+constexpr int64_t kRowsAhead = 2;
+
 template <int MR, int NR, class W>
 void rows_block(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k, int64_t n0, int64_t n1,
                 float* y, int64_t ldy) {
+  const auto bytes_of_rows = [&](int64_t a, int64_t b) { return (b - a) * ldw * int64_t(sizeof(W)); };
+  const auto row_ptr = [&](int64_t j) { return reinterpret_cast<const char*>(w + j * ldw); };
+  for (int64_t b = 0; b < bytes_of_rows(n0, std::min(n1, n0 + kRowsAhead * NR)); b += 64)
+    _mm_prefetch(row_ptr(n0) + b, _MM_HINT_T1);
   int64_t j = n0;
-  for (; j + NR <= n1; j += NR) tile<MR, NR>(x, ldx, w + j * ldw, ldw, k, y + j, ldy);
+  for (; j + NR <= n1; j += NR) {
+    const int64_t ahead = std::min(n1, j + kRowsAhead * NR);
+    tile<MR, NR>(x, ldx, w + j * ldw, ldw, k, y + j, ldy, row_ptr(ahead),
+                 bytes_of_rows(ahead, std::min(n1, ahead + NR)));
+  }
   for (; j < n1; ++j) tile<MR, 1>(x, ldx, w + j * ldw, ldw, k, y + j, ldy);
 }
 
