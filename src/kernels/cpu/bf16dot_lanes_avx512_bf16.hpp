@@ -1,20 +1,15 @@
-// Register helpers shared by the VDPBF16PS linears (BF16 and quantized weights): the fixed lane tree and the
-// exact f32 -> bf16 rounding of activations. Included only by files compiled for AVX512-BF16.
+// Register helpers shared by the VDPBF16PS linears (BF16 and quantized weights): the fixed lane tree (from
+// linear_reduce_avx512.hpp) and the exact f32 -> bf16 rounding of activations. Included only by files
+// compiled for AVX512-BF16.
 #pragma once
 
 #include <immintrin.h>
 
+#include "kernels/cpu/linear_reduce_avx512.hpp"
+
 namespace xmoe::kernels::avx512_bf16 {
 
-// reduce_lanes (linear_lanes.hpp) in registers: halves (l + 8), quarters (l + 4), pairs (l + 2), neighbours.
-inline float reduce16(__m512 v) {
-  const __m256 s8 =
-      _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, v, 0), _mm512_maskz_extractf32x8_ps(0xff, v, 1));
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
-}
+using lane_tree::reduce16;
 
 // 16 f32 -> bf16 bits exactly as bf16::from_float (nearest even; NaN made quiet), integer arithmetic only.
 // maskz forms: the unmasked intrinsics start from an undefined register, which GCC 12 warns about.

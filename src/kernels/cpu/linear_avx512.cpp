@@ -178,14 +178,7 @@ void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   }
-  if constexpr (MR * NR >= 4) {
-    lane_tree::store_tile<MR, NR>(acc, y, ldy);
-  } else {
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
-  }
+  lane_tree::store_sums<MR, NR>(acc, y, ldy);
 }
 
 // Weight rows [j, j + NR) over every packed x tile.

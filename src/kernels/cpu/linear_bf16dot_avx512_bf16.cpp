@@ -111,15 +111,7 @@ void tile(const uint16_t* xt, const bf16* w, int64_t ldw, int64_t k, float* y, i
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
     }
   }
-  if constexpr (MR * NR >= 4) {
-    lane_tree::store_tile<MR, NR>(acc, y, ldy);
-  } else {
-    // Unrolled like the loops above, so the accumulators stay registers.
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
-  }
+  lane_tree::store_sums<MR, NR>(acc, y, ldy);
 }
 
 using TileFn = void (*)(const uint16_t*, const bf16*, int64_t, int64_t, float*, int64_t, const char*,

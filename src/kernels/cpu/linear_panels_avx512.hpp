@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "kernels/cpu/linear_reduce_avx512.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::kernels::avx512::panels {
@@ -29,15 +30,7 @@ inline __mmask16 step_mask(int64_t k, int64_t p) {
   return k - p >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - p)) - 1);
 }
 
-// reduce_lanes (linear_lanes.hpp) in registers: halves (l + 8), quarters (l + 4), pairs (l + 2), neighbours.
-inline float reduce16(__m512 v) {
-  const __m256 s8 =
-      _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, v, 0), _mm512_maskz_extractf32x8_ps(0xff, v, 1));
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
-}
+using lane_tree::reduce16;
 
 // How m rows split into tiles of at most kTileRows, of nearly equal heights (8 rows as 4 + 4, not 6 + 2: a
 // short tile reloads the panel for few FMAs): tile t covers rows [tile_start(m, t), tile_start(m, t + 1)).

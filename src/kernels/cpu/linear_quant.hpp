@@ -36,6 +36,10 @@ namespace quant {
 // Checks the arguments every variant relies on (format, scale geometry, ranges); throws xmoe::Error naming
 // the field.
 void check_linear_args(const LinearArgs& args, WeightFormat format);
+// `reference` over rows [i0, i0 + rows) and columns [n, n + cols) of args: how the fast kernels compute a
+// tile that met a code their decode leaves out.
+void reference_part(const LinearArgs& args, LinearFn reference, int64_t i0, int64_t rows, int64_t n,
+                    int64_t cols);
 // table[c] = the block multiplier of scale code c (E8M0 / E4M3; times the global scale for NVFP4), exactly as
 // quant::block_multiplier computes it. Defined in a baseline-ISA file so the vector files need no inline
 // scalar decoders of their own (an inline function compiled with AVX-512 flags could be the copy the linker

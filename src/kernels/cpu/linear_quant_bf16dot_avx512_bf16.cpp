@@ -349,18 +349,6 @@ bool fp8_tile(const Fp8Scales& sc, const uint8_t* data, int64_t row_bytes, int64
   return true;
 }
 
-// The reference for rows [i0, i0 + rows) and columns [n, n + cols): a tile that met a code the fast decode
-// leaves out.
-void redo(const LinearArgs& a, LinearFn reference, int64_t i0, int64_t rows, int64_t n, int64_t cols) {
-  LinearArgs part = a;
-  part.x = a.x + i0 * a.ldx;
-  part.m = rows;
-  part.y = a.y + i0 * a.ldy;
-  part.n0 = n;
-  part.n1 = n + cols;
-  reference(part);
-}
-
 // Weight rows in groups of NR (then one by one), each group against every tile of up to MRMAX x rows while
 // it is in L1.
 template <int MRMAX, int NR, class Tile>
@@ -425,7 +413,7 @@ struct Fp4Tile {
                                                    padded, y, a.ldy, global, ahead,
                                                    ahead != 0 ? 2 * NR * w.scale_row_stride : 0);
     });
-    if (!ok) redo(a, reference, i0, rows, n, NR);
+    if (!ok) quant::reference_part(a, reference, i0, rows, n, NR);
   }
 };
 
@@ -446,7 +434,7 @@ struct Fp8Tile {
       return fp8_tile<decltype(mr)::value, NR>(scales, data, w.row_bytes, n, w.cols, x, padded, y, a.ldy,
                                                ahead);
     });
-    if (!ok) redo(a, reference, i0, rows, n, NR);
+    if (!ok) quant::reference_part(a, reference, i0, rows, n, NR);
   }
 };
 

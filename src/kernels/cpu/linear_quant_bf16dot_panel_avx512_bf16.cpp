@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "kernels/cpu/bf16dot_lanes_avx512_bf16.hpp"
+#include "kernels/cpu/linear_quant.hpp"
 #include "kernels/cpu/linear_reduce_avx512.hpp"
 #include "xmoe/error.hpp"
 
@@ -105,14 +106,7 @@ void panel_tile(const uint16_t* x, int64_t padded, const uint16_t* panel, int64_
       }
     }
   }
-  if constexpr (MR * NR >= 4) {
-    lane_tree::store_tile<MR, NR>(acc, y, ldy);
-  } else {
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
-  }
+  lane_tree::store_sums<MR, NR>(acc, y, ldy);
 }
 
 using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*, int64_t);
@@ -165,13 +159,7 @@ void panel_linear(const LinearArgs& a, const uint16_t* xp, int64_t padded, const
     for (int64_t n = a.n0; n < a.n1; n += kCols) {
       const int cols = static_cast<int>(std::min<int64_t>(kCols, a.n1 - n));
       if (!src.decode(src.context, n, cols, panel.get())) {
-        LinearArgs part = a;
-        part.x = a.x + r0 * a.ldx;
-        part.m = rows;
-        part.y = a.y + r0 * a.ldy;
-        part.n0 = n;
-        part.n1 = n + cols;
-        src.reference(part);
+        quant::reference_part(a, src.reference, r0, rows, n, cols);
         continue;
       }
       for (int64_t t = 0; t < tiles; ++t) {

@@ -6,7 +6,19 @@
 #pragma once
 #include <immintrin.h>
 
+#include <cstdint>
+
 namespace xmoe::kernels::lane_tree {
+
+// reduce_lanes (linear_lanes.hpp) in registers: halves (l + 8), quarters (l + 4), pairs (l + 2), neighbours.
+inline float reduce16(__m512 v) {
+  const __m256 s8 =
+      _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, v, 0), _mm512_maskz_extractf32x8_ps(0xff, v, 1));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
 
 // out[q] = the tree sum of v[q] for q < count (≤ 16); the missing accumulators count as zeros.
 template <int count>
@@ -58,6 +70,20 @@ inline void store_tile(const __m512 (&acc)[MR][NR], float* y, int64_t ldy) {
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) y[i * ldy + j] = sums[i * NR + j];
+}
+
+// A tile's outputs: store_tile from 4 accumulators on, reduce16 one by one below (fewer instructions there).
+// Unrolled, so the accumulators stay registers.
+template <int MR, int NR>
+inline void store_sums(const __m512 (&acc)[MR][NR], float* y, int64_t ldy) {
+  if constexpr (MR * NR >= 4) {
+    store_tile<MR, NR>(acc, y, ldy);
+  } else {
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
+  }
 }
 
 }  // namespace xmoe::kernels::lane_tree
