@@ -16,6 +16,7 @@
 #include "llm/engine.hpp"
 #include "llm/model_bundle.hpp"
 #include "matmul_precision_option.hpp"
+#include "prefault_option.hpp"
 #include "prefill_flops.hpp"
 #include "process_memory.hpp"
 #include "serve/chat_request.hpp"
@@ -73,6 +74,7 @@ CLI::App* add_generate_subcommand(CLI::App& app, GenerateOptions& o) {
   cmd->add_option("--isa", o.isa, "kernel level cap: reference | avx2 | avx512 | avx512_bf16 (default: best)")
       ->check(CLI::IsMember({"reference", "avx2", "avx512", "avx512_bf16", "amx"}));
   add_matmul_precision_option(cmd, o.matmul_precision);
+  add_prefault_option(cmd, o.prefault);
   cmd->add_option("--threads", o.threads, "OpenMP threads (0 = default)")->check(non_negative_integer());
   o.batch_opt = cmd->add_option("--batch", o.batch,
                                 "N concurrent sequences, sequence i from prompt i mod the number of prompts "
@@ -281,7 +283,10 @@ int run_generate(const GenerateOptions& o) {
 
   const DType dtype = parse_dtype(o.dtype);
   const kernels::MatmulPrecision precision = effective_matmul_precision(o.matmul_precision, o.isa, dtype);
-  bundle.load_weights(dtype, o.isa, precision);
+  bundle.load_weights(dtype, o.isa, precision, llm::parse_prefault_mode(o.prefault));
+  // Said when it did not happen unasked (the progress bar reports the bytes when it did).
+  if (bundle.prefault.error != 0 || (!bundle.prefault.decision.prefault && o.prefault == "auto"))
+    std::fprintf(stderr, "%s\n", bundle.prefault.summary().c_str());
   const std::unique_ptr<llm::CausalLM>& model = bundle.model;
   // Opening the checkpoint and building the model (tokenizer and template reading included, both small).
   const double load_seconds =
@@ -544,9 +549,10 @@ int run_generate(const GenerateOptions& o) {
     std::fprintf(
         stderr,
         "load: %.2f s for %.2f GB of checkpoint; resident after load %.2f GB (%.2f GB anonymous, %.2f "
-        "GB mapped file pages), after the run %.2f GB (%.2f anonymous, %.2f file)\n",
+        "GB mapped file pages), after the run %.2f GB (%.2f anonymous, %.2f file); %s\n",
         load_seconds, gb(checkpoint.total_bytes()), gb(after_load.total), gb(after_load.anonymous),
-        gb(after_load.file), gb(after_run.total), gb(after_run.anonymous), gb(after_run.file));
+        gb(after_load.file), gb(after_run.total), gb(after_run.anonymous), gb(after_run.file),
+        bundle.prefault.summary().c_str());
   }
   return 0;
 }

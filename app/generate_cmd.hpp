@@ -31,6 +31,7 @@ struct GenerateOptions {
   std::string dtype = "bf16";
   std::string isa;
   std::string matmul_precision = "highest";
+  std::string prefault = "auto";
   int threads = 0;
   int batch = 1;
   int64_t kv_cache_mb = 1024;

@@ -17,6 +17,7 @@
 #include "cli_checks.hpp"
 #include "llm/model_bundle.hpp"
 #include "matmul_precision_option.hpp"
+#include "prefault_option.hpp"
 #include "serve/http_server.hpp"
 #include "serve/json_constraint.hpp"
 #include "serve/routes.hpp"
@@ -64,6 +65,7 @@ CLI::App* add_serve_subcommand(CLI::App& app, ServeOptions& o) {
   cmd->add_option("--isa", o.isa, "kernel level cap: reference | avx2 | avx512 | avx512_bf16 (default: best)")
       ->check(CLI::IsMember({"reference", "avx2", "avx512", "avx512_bf16", "amx"}));
   add_matmul_precision_option(cmd, o.matmul_precision);
+  add_prefault_option(cmd, o.prefault);
   cmd->add_option("--max-body-mb", o.max_body_mb, "largest request body in MiB (413 beyond)")
       ->check(positive)
       ->capture_default_str();
@@ -103,7 +105,10 @@ int run_serve(const ServeOptions& o) {
              " (config max_position_embeddings); give --max-seq-len");
   const DType dtype = parse_dtype(o.dtype);
   const kernels::MatmulPrecision precision = effective_matmul_precision(o.matmul_precision, o.isa, dtype);
-  bundle.load_weights(dtype, o.isa, precision);  // Ctrl-C still ends the process here
+  bundle.load_weights(dtype, o.isa, precision,
+                      llm::parse_prefault_mode(o.prefault));  // Ctrl-C still ends the process here
+  if (bundle.prefault.error != 0 || (!bundle.prefault.decision.prefault && o.prefault == "auto"))
+    std::fprintf(stderr, "xmoe serve: %s\n", bundle.prefault.summary().c_str());
 
   // From now on SIGINT/SIGTERM are blocked in every thread and taken by sigwait below, so no work happens in
   // a signal handler: in this thread, in OpenMP's workers (made during the load), and in every thread started

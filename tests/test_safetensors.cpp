@@ -1,14 +1,18 @@
 #include "xmoe/safetensors.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -458,6 +462,49 @@ TEST_F(Safetensors, CorruptionNeverCrashes) {
       exercise(m);
     }
   }
+}
+
+// The share of the pages under [p, p + bytes) whose page-table entry is present (bit 63 of
+// /proc/self/pagemap), or -1 where pagemap cannot be read.
+double present_share(const std::byte* p, size_t bytes) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) / page,
+                  last = (reinterpret_cast<uintptr_t>(p) + bytes - 1) / page;
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  size_t present = 0;
+  bool ok = true;
+  for (uintptr_t v = first; v <= last && ok; ++v) {
+    uint64_t entry = 0;
+    ok = ::pread(fd, &entry, 8, static_cast<off_t>(v * 8)) == 8;
+    present += (entry >> 63) & 1;
+  }
+  ::close(fd);
+  if (!ok) return -1;
+  return static_cast<double>(present) / static_cast<double>(last - first + 1);
+}
+
+TEST_F(Safetensors, PrefaultMapsTheRangeIntoThePageTables) {
+  // 8 MiB of U8 codes, never read: opening parses only the header at the file's start, so the data's last
+  // 4 MiB have no page-table entries until prefault puts them there (without reading them through a load).
+  std::vector<std::byte> codes(size_t{8} << 20, std::byte{7});
+  const std::string p = file("codes.safetensors");
+  xmoe::save_safetensors_raw(p, {{"codes", "U8", {static_cast<int64_t>(codes.size())}, {codes}}});
+  const SafetensorsFile f = SafetensorsFile::open(p);
+  const std::span<const std::byte> data = f.bytes("codes");
+  const std::span<const std::byte> tail = data.subspan(data.size() / 2);
+  const double before = present_share(tail.data(), tail.size());
+  if (before < 0) GTEST_SKIP() << "/proc/self/pagemap is not readable here";
+  EXPECT_LT(before, 0.5);
+  const int error = f.prefault(f.entry("codes").begin + data.size() / 2, f.entry("codes").end);
+  if (error == EINVAL || error == ENOSYS) GTEST_SKIP() << "no MADV_POPULATE_READ on this kernel";
+  ASSERT_EQ(error, 0) << std::strerror(error);
+  EXPECT_EQ(present_share(tail.data(), tail.size()), 1.0);
+  EXPECT_EQ(tail[tail.size() - 1], std::byte{7});
+  // A range past the data section is the caller's bug, named.
+  const std::string message = error_of([&] { (void)f.prefault(0, f.entry("codes").end + 1); });
+  EXPECT_NE(message.find(p), std::string::npos) << message;
+  EXPECT_NE(message.find("outside the data section"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -35,6 +35,10 @@ class SafetensorsFile {
   // A Tensor view (F32, F64, BF16) sharing the mapping, or a copy when the data is unaligned for the dtype.
   // Views are read-only (the file is mapped PROT_READ): clone() before writing to the result.
   Tensor tensor(const std::string& name) const;
+  // Maps data bytes [begin, end) (offsets into the data section) into the page tables now, reading from disk
+  // what the page cache lacks, so that later reads of them take no page fault. Returns 0, or the errno of
+  // madvise(MADV_POPULATE_READ) (EINVAL on kernels before 5.14, EFAULT if the file shrank).
+  int prefault(size_t begin, size_t end) const;
 
  private:
   std::string path_;

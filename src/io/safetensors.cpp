@@ -287,6 +287,22 @@ std::span<const std::byte> SafetensorsFile::bytes(const std::string& name) const
   return {data_ + e.begin, e.end - e.begin};
 }
 
+int SafetensorsFile::prefault(size_t begin, size_t end) const {
+  XMOE_CHECK(begin <= end && end <= data_size_, where(path_), "prefault range [", begin, ", ", end,
+             ") is outside the data section (", data_size_, " bytes)");
+  if (begin == end) return 0;
+#ifdef MADV_POPULATE_READ
+  // madvise takes page-aligned starts; the length may end anywhere (the kernel rounds it up).
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto first = reinterpret_cast<uintptr_t>(data_ + begin);
+  const uintptr_t aligned = first - first % page;
+  const size_t length = end - begin + (first - aligned);
+  return ::madvise(reinterpret_cast<void*>(aligned), length, MADV_POPULATE_READ) == 0 ? 0 : errno;
+#else
+  return ENOSYS;
+#endif
+}
+
 Tensor SafetensorsFile::tensor(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
   bool ok = false;

@@ -284,6 +284,38 @@ std::vector<std::string> Checkpoint::tensor_names() const {
   return names;
 }
 
+Checkpoint::PrefaultResult Checkpoint::prefault(const ProgressFn& progress) const {
+  // The tensors' byte ranges per file, merged where they touch: a few large madvise calls, not one per
+  // tensor, and the gaps (tensors the index does not name) left alone.
+  std::vector<std::vector<std::pair<size_t, size_t>>> ranges(files_.size());
+  for (const auto& [name, file] : index_) {
+    const SafetensorsEntry& e = files_[file]->entry(name);
+    if (e.end > e.begin) ranges[file].emplace_back(e.begin, e.end);
+  }
+  constexpr size_t kChunk = size_t{256} << 20;
+  const size_t total = total_bytes();
+  PrefaultResult result;
+  for (size_t f = 0; f < files_.size(); ++f) {
+    std::vector<std::pair<size_t, size_t>>& r = ranges[f];
+    std::sort(r.begin(), r.end());
+    for (size_t i = 0; i < r.size();) {
+      size_t begin = r[i].first, end = r[i].second;
+      for (++i; i < r.size() && r[i].first <= end; ++i) end = std::max(end, r[i].second);
+      for (size_t at = begin; at < end; at += kChunk) {
+        const size_t stop = std::min(end, at + kChunk);
+        result.error = files_[f]->prefault(at, stop);
+        if (result.error != 0) {
+          result.file = files_[f]->path();
+          return result;
+        }
+        result.bytes += stop - at;
+        if (progress) progress(std::min(result.bytes, total), total);
+      }
+    }
+  }
+  return result;
+}
+
 size_t Checkpoint::total_bytes() const {
   size_t total = 0;
   for (const auto& [name, file] : index_) {

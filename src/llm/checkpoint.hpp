@@ -56,6 +56,14 @@ class Checkpoint {
   WeightView weight(const std::string& name, std::span<const int64_t> expected_shape = {}) const;
   std::vector<std::string> tensor_names() const;
   size_t total_bytes() const;
+  // Maps every tensor's bytes into the page tables now (SafetensorsFile::prefault), file by file in chunks of
+  // at most 256 MiB so `progress` moves; stops at the first failure.
+  struct PrefaultResult {
+    size_t bytes = 0;  // populated
+    int error = 0;     // errno of the failed call, 0 when all succeeded
+    std::string file;  // the file it failed on
+  };
+  PrefaultResult prefault(const ProgressFn& progress = {}) const;
 
  private:
   std::string dir_;

@@ -1,5 +1,6 @@
 #include "llm/model_bundle.hpp"
 
+#include <chrono>
 #include <filesystem>
 
 #include "llm/progress_bar.hpp"
@@ -24,13 +25,27 @@ std::optional<Tokenizer> open_tokenizer(const std::string& dir) {
 
 ModelBundle ModelBundle::open(const std::string& dir) {
   XMOE_CHECK(std::filesystem::is_directory(dir), "model ", dir, " is not a directory");
-  ModelBundle b{dir, Checkpoint::open(dir), std::nullopt, {}, nullptr};
+  ModelBundle b{dir, Checkpoint::open(dir), std::nullopt, {}, nullptr, {}};
   b.tokenizer = open_tokenizer(dir);
   b.chat = load_chat_setup(dir, b.checkpoint.config(), b.tokenizer ? &*b.tokenizer : nullptr);
   return b;
 }
 
-void ModelBundle::load_weights(DType dtype, const std::string& isa, kernels::MatmulPrecision precision) {
+void ModelBundle::load_weights(DType dtype, const std::string& isa, kernels::MatmulPrecision precision,
+                               PrefaultMode prefault_mode) {
+  // Before the load, so that the loader's own reads (validation, conversions) find the pages mapped too.
+  prefault = PrefaultReport{};
+  prefault.decision = decide_prefault(prefault_mode, checkpoint.total_bytes(), mem_available());
+  if (prefault.decision.prefault) {
+    const auto start = std::chrono::steady_clock::now();
+    ProgressBar bar("prefaulting " + dir);
+    const Checkpoint::PrefaultResult done = checkpoint.prefault(bar.callback());
+    bar.finish();
+    prefault.bytes = done.bytes;
+    prefault.error = done.error;
+    prefault.file = done.file;
+    prefault.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   LoadOptions load;
   load.dtype = dtype;
   load.isa = isa;

@@ -9,6 +9,7 @@
 #include "llm/chat_setup.hpp"
 #include "llm/checkpoint.hpp"
 #include "llm/model.hpp"
+#include "llm/prefault.hpp"
 #include "xmoe/tokenizer.hpp"
 
 namespace xmoe::llm {
@@ -19,13 +20,17 @@ struct ModelBundle {
   std::optional<Tokenizer> tokenizer;  // dir/tokenizer.json, else dir/tiktoken.model, when present
   ChatSetup chat;
   std::unique_ptr<CausalLM> model;  // set by load_weights
+  PrefaultReport prefault;          // set by load_weights
 
   // Opens the directory's files (cheap: the weights are mapped, not read). Throws xmoe::Error naming the
   // missing or malformed file.
   static ModelBundle open(const std::string& dir);
-  // Loads the weights with a progress bar on stderr ("loading DIR").
+  // Prefaults the mapped weights as `prefault_mode` decides (prefault.hpp; a failure is reported in
+  // `prefault`, not thrown), then loads them, each with a progress bar on stderr ("prefaulting DIR",
+  // "loading DIR").
   void load_weights(DType dtype, const std::string& isa,
-                    kernels::MatmulPrecision precision = kernels::MatmulPrecision::highest);
+                    kernels::MatmulPrecision precision = kernels::MatmulPrecision::highest,
+                    PrefaultMode prefault_mode = PrefaultMode::automatic);
   // The tokenizer, or an error saying what needs it.
   const Tokenizer& require_tokenizer(const std::string& purpose) const;
 };

@@ -97,6 +97,25 @@ TEST(GenerateCli, BatchOfTheSamePromptReportsAggregateDecode) {
   EXPECT_NEAR(step_mb, single_mb, 0.0100001) << r.output;
 }
 
+TEST(GenerateCli, PrefaultIsReportedAndAnUnknownModeRefused) {
+  const std::string base = "generate --model " + kModels +
+                           "/untied-yarn --prompt-ids 1,2,3 --max-tokens 2 "
+                           "--temperature 0 --dtype f32 --print-ids --measure-bandwidth --prefault ";
+  const auto on = run_cli(base + "on");
+  ASSERT_EQ(on.code, 0) << on.output;
+  // A kernel without MADV_POPULATE_READ says so instead (and decodes all the same).
+  EXPECT_TRUE(on.output.find("; weights prefaulted: ") != std::string::npos ||
+              on.output.find("weights prefaulted only in part") != std::string::npos)
+      << on.output;
+  const auto off = run_cli(base + "off");
+  ASSERT_EQ(off.code, 0) << off.output;
+  EXPECT_NE(off.output.find("; weights not prefaulted: --prefault off"), std::string::npos) << off.output;
+  EXPECT_EQ(generated_ids(on.output), generated_ids(off.output));
+  const auto bad = run_cli(base + "sometimes");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.output.find("--prefault"), std::string::npos) << bad.output;
+}
+
 TEST(GenerateCli, SeededSamplingDoesNotDependOnThreadsOrBatch) {
   const auto expected = xmoe::SafetensorsFile::open(kModels + "/untied-yarn.expected.safetensors");
   const std::string base = "generate --model " + kModels + "/untied-yarn --prompt-ids " +

@@ -1,0 +1,82 @@
+#include "llm/prefault.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "xmoe/error.hpp"
+
+namespace xmoe::llm {
+
+PrefaultMode parse_prefault_mode(std::string_view text) {
+  if (text == "auto") return PrefaultMode::automatic;
+  if (text == "on") return PrefaultMode::always;
+  if (text == "off") return PrefaultMode::never;
+  throw Error("prefault mode '" + std::string(text) + "' is not one of auto, on, off");
+}
+
+std::optional<size_t> parse_mem_available(std::string_view meminfo) {
+  constexpr std::string_view key = "MemAvailable:";
+  size_t at = 0;
+  while (at < meminfo.size()) {
+    const size_t eol = std::min(meminfo.find('\n', at), meminfo.size());
+    const std::string_view line = meminfo.substr(at, eol - at);
+    at = eol + 1;
+    if (line.substr(0, key.size()) != key) continue;
+    std::istringstream in{std::string(line.substr(key.size()))};
+    unsigned long long kib = 0;
+    std::string unit;
+    if (!(in >> kib >> unit) || unit != "kB") return std::nullopt;
+    return static_cast<size_t>(kib) * 1024;
+  }
+  return std::nullopt;
+}
+
+std::optional<size_t> mem_available() {
+  std::ifstream in("/proc/meminfo");
+  if (!in) return std::nullopt;
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_mem_available(text.str());
+}
+
+namespace {
+
+std::string gigabytes(size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GB", static_cast<double>(bytes) / 1e9);
+  return text;
+}
+
+}  // namespace
+
+PrefaultDecision decide_prefault(PrefaultMode mode, size_t checkpoint_bytes,
+                                 std::optional<size_t> available) {
+  switch (mode) {
+    case PrefaultMode::always:
+      return {true, ""};
+    case PrefaultMode::never:
+      return {false, "--prefault off"};
+    case PrefaultMode::automatic:
+      if (!available) return {false, "the available memory is unknown (no MemAvailable in /proc/meminfo)"};
+      if (static_cast<double>(checkpoint_bytes) > 0.9 * static_cast<double>(*available))
+        return {false, "the checkpoint (" + gigabytes(checkpoint_bytes) +
+                           ") exceeds 90 % of the available memory (" + gigabytes(*available) +
+                           "); weights are read as decode first needs them"};
+      return {true, ""};
+  }
+  return {false, "unknown mode"};
+}
+
+std::string PrefaultReport::summary() const {
+  if (!decision.prefault) return "weights not prefaulted: " + decision.reason;
+  if (error != 0)
+    return "weights prefaulted only in part (" + gigabytes(bytes) + "): madvise(MADV_POPULATE_READ) on " +
+           file + " failed: " + std::strerror(error) + "; the rest is faulted in as decode reads it";
+  char seconds_text[32];
+  std::snprintf(seconds_text, sizeof seconds_text, "%.2f s", seconds);
+  return "weights prefaulted: " + gigabytes(bytes) + " in " + seconds_text;
+}
+
+}  // namespace xmoe::llm
