@@ -146,16 +146,17 @@ std::optional<std::vector<Candidate>> top_k_candidates(std::span<const float> lo
     }
   };
   // Once the heap is full almost every value is finite and not above its least: a block of such values only
-  // adds to `finite`, and one branch-free test over the block (vectorised) replaces a branch per value. A
-  // block with anything else (a larger, non-finite or NaN value) is visited value by value as before.
+  // adds to `finite`, and one count over the block (written so that the compiler vectorises it) replaces a
+  // branch per value. A block with anything else (a larger, non-finite or NaN value: every comparison with
+  // NaN is false) is visited value by value as before.
   const size_t n = logits.size();
   size_t i = 0;
   while (i < n) {
     if (heap.size() == k && i + kSkipBlock <= n) {
       const float least = heap.front();
-      bool quiet = true;
-      for (size_t j = i; j < i + kSkipBlock; ++j) quiet &= (logits[j] <= least) & (logits[j] > -INFINITY);
-      if (quiet) {
+      size_t quiet = 0;
+      for (size_t j = i; j < i + kSkipBlock; ++j) quiet += (logits[j] <= least) & (logits[j] > -INFINITY);
+      if (quiet == kSkipBlock) {
         finite += kSkipBlock;
         i += kSkipBlock;
         continue;
@@ -173,9 +174,9 @@ std::optional<std::vector<Candidate>> top_k_candidates(std::span<const float> lo
   std::vector<Candidate> cands;
   for (size_t b = 0; b < n; b += kSkipBlock) {
     const size_t end = std::min(n, b + kSkipBlock);
-    bool below = true;  // no candidate in the block (the logits are not NaN: checked above)
-    for (size_t j = b; j < end; ++j) below &= logits[j] < kth;
-    if (below) continue;
+    size_t below = 0;  // all below the k-th: no candidate in the block (no NaN: checked above)
+    for (size_t j = b; j < end; ++j) below += logits[j] < kth;
+    if (below == end - b) continue;
     for (size_t j = b; j < end; ++j)
       if (logits[j] >= kth && logits[j] < INFINITY)
         cands.push_back({static_cast<double>(logits[j]) / temperature, static_cast<int32_t>(j)});

@@ -113,34 +113,12 @@ void attention_tile(const AttentionArgs& a, const AttentionItem& item, float* sc
   const int64_t first_pos = sq.pos0 + item.row0, last_pos = first_pos + item.rows - 1;
   auto lowest = [&](int64_t pos) { return a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0; };
   const int64_t lo = lowest(first_pos);
-  // The K/V rows of the chunk at (block j, offset c) into the cache. Decode reads each sequence's cache once
-  // per step, mostly from DRAM, in 16-row pieces spread over scattered blocks that the hardware prefetchers
-  // do not follow: without this a chunk waits on its ~128 cache misses (16 sequences × 512 positions ran
-  // at 2 GB/s of K/V). Addresses only, so no result changes.
-  const auto prefetch_chunk = [&](int64_t j, int64_t c) {
-    if (c >= bs) ++j, c = 0;
-    if (j * bs + c > last_pos) return;
-    const auto* kb = static_cast<const std::byte*>(sq.k_blocks[j - sq.first_block]);
-    const auto* vb = static_cast<const std::byte*>(sq.v_blocks[j - sq.first_block]);
-    const int64_t count = std::min<int64_t>(kAttentionChunk, bs - c);
-    const auto lines = [](const std::byte* row, size_t bytes) {
-      for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
-      __builtin_prefetch(row + bytes - 1);
-    };
-    for (int64_t p = c; p < c + count; ++p) {
-      lines(kb + esize * static_cast<size_t>(p * a.k_pos_stride + kv_head * a.k_head_stride),
-            esize * static_cast<size_t>(a.k_dim));
-      lines(vb + esize * static_cast<size_t>(p * a.v_pos_stride + kv_head * a.v_head_stride),
-            esize * static_cast<size_t>(a.v_dim));
-    }
-  };
   for (int64_t j = lo / bs; j <= last_pos / bs; ++j) {
     const auto* kb = static_cast<const std::byte*>(sq.k_blocks[j - sq.first_block]);
     const auto* vb = static_cast<const std::byte*>(sq.v_blocks[j - sq.first_block]);
     for (int64_t c = 0; c < bs; c += kAttentionChunk) {
       const int64_t c0 = j * bs + c, count = std::min<int64_t>(kAttentionChunk, bs - c);
       if (c0 + count <= lo || c0 > last_pos) continue;
-      prefetch_chunk(j, c + kAttentionChunk);
       load_rows(kb + esize * static_cast<size_t>(c * a.k_pos_stride + kv_head * a.k_head_stride), a.kv_dtype,
                 count, a.k_pos_stride, a.k_dim, dk_pad, sl.kf, Ops::widen);
       load_rows(vb + esize * static_cast<size_t>(c * a.v_pos_stride + kv_head * a.v_head_stride), a.kv_dtype,

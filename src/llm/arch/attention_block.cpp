@@ -84,7 +84,7 @@ void AttentionBlock::forward(const kernels::KernelTable& table, const Rope& rope
     linear_forward_parts(table, qkv_parts_, x, T, w_.q.cols, qkv, qkv_width);
     if (!qkv_bias_.empty()) add_bias(qkv, qkv_bias_.data(), T, qkv_width, qkv_width);
   }
-  // A token's q/k norm and rotation take ~2 us: a team only pays off from a few dozen rows (prefill).
+  // A token's q/k norm and rotation take a few microseconds: a team pays off only from a few dozen rows.
   moe::parallel_rows(T, 32, [&](int64_t a, int64_t b) {
     for (int64_t t = a; t < b; ++t) {
       const auto c = static_cast<size_t>(chunk_of[static_cast<size_t>(t)]);
