@@ -17,6 +17,10 @@ namespace {
 // Query rows (rows × heads) per work item: enough to spread each K/V chunk's conversion over many rows while
 // the item's transposed queries and output stay in L2.
 constexpr int64_t kItemQueries = 128;
+// Work (multiply-adds of q·k and p·v) below which the items run on the calling thread: one thread does this
+// in ~20-40 us (one decode token at a context of 64-128), about what waking the team costs, and far less than
+// that costs when the machine is loaded (a waiting worker is not running).
+constexpr double kAloneMacs = 1 << 20;
 // Heads are split below a whole group only down to this many, and only when the whole-group items are too
 // few to occupy the threads (decode of a few sequences with one shared K/V head, as MLA).
 constexpr int kMinHeadsPerItem = 8;
@@ -86,7 +90,13 @@ void attention(const KernelTable& table, const AttentionArgs& a) {
   }
   const size_t scratch_floats = attention_scratch_floats(a, most_queries);
   const auto count = static_cast<int64_t>(items.size());
-#pragma omp parallel if (count > 1)
+  double macs = 0;
+  for (const AttentionItem& it : items) {
+    const AttentionSequence& sq = a.seqs[it.seq];
+    const int64_t last = sq.pos0 + it.row0 + it.rows;  // positions the item's last row sees, window aside
+    macs += static_cast<double>(it.rows * it.head_count) * static_cast<double>(last) * (a.k_dim + a.v_dim);
+  }
+#pragma omp parallel if (count > 1 && macs > kAloneMacs)
   {
     Buffer<float> scratch;
     float* buffer = scratch.ensure(scratch_floats);

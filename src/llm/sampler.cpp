@@ -115,6 +115,9 @@ void check_logit(std::span<const float> logits, size_t i) {
              logits[i]);
 }
 
+// Values per block that the top-k passes test at once before looking at them one by one.
+constexpr size_t kSkipBlock = 64;
+
 // Top-k by partial selection: one pass keeps the k largest logits (with repeats) in a min-heap, so the k-th
 // largest is known without ranking the vocabulary, and only the logits at or above it become candidates,
 // in `before` order. The cut is made on the float logits, which is the cut on logit / temperature (a
@@ -126,11 +129,11 @@ std::optional<std::vector<Candidate>> top_k_candidates(std::span<const float> lo
   std::vector<float> heap;  // min-heap of the k largest finite logits so far
   heap.reserve(k);
   size_t finite = 0;
-  for (size_t i = 0; i < logits.size(); ++i) {
+  const auto visit = [&](size_t i) {
     const float l = logits[i];
     if (!(l > -INFINITY && l < INFINITY)) {
       check_logit(logits, i);
-      continue;
+      return;
     }
     ++finite;
     if (heap.size() < k) {
@@ -141,6 +144,27 @@ std::optional<std::vector<Candidate>> top_k_candidates(std::span<const float> lo
       heap.back() = l;
       std::push_heap(heap.begin(), heap.end(), std::greater<>());
     }
+  };
+  // Once the heap is full almost every value is finite and not above its least: a block of such values only
+  // adds to `finite`, and one count over the block (written so that the compiler vectorises it) replaces a
+  // branch per value. A block with anything else (a larger, non-finite or NaN value: every comparison with
+  // NaN is false) is visited value by value as before.
+  const size_t n = logits.size();
+  size_t i = 0;
+  while (i < n) {
+    if (heap.size() == k && i + kSkipBlock <= n) {
+      const float least = heap.front();
+      size_t quiet = 0;
+      for (size_t j = i; j < i + kSkipBlock; ++j) quiet += (logits[j] <= least) & (logits[j] > -INFINITY);
+      if (quiet == kSkipBlock) {
+        finite += kSkipBlock;
+        i += kSkipBlock;
+        continue;
+      }
+      for (const size_t end = i + kSkipBlock; i < end; ++i) visit(i);
+      continue;
+    }
+    visit(i++);
   }
   XMOE_CHECK(finite > 0, "sampler: every logit is -inf");
   if (finite <= k) return std::nullopt;
@@ -148,9 +172,15 @@ std::optional<std::vector<Candidate>> top_k_candidates(std::span<const float> lo
   const double kth_scaled = static_cast<double>(kth) / temperature;
   if (static_cast<double>(std::nextafter(kth, -INFINITY)) / temperature == kth_scaled) return std::nullopt;
   std::vector<Candidate> cands;
-  for (size_t i = 0; i < logits.size(); ++i)
-    if (logits[i] >= kth && logits[i] < INFINITY)
-      cands.push_back({static_cast<double>(logits[i]) / temperature, static_cast<int32_t>(i)});
+  for (size_t b = 0; b < n; b += kSkipBlock) {
+    const size_t end = std::min(n, b + kSkipBlock);
+    size_t below = 0;  // all below the k-th: no candidate in the block (no NaN: checked above)
+    for (size_t j = b; j < end; ++j) below += logits[j] < kth;
+    if (below == end - b) continue;
+    for (size_t j = b; j < end; ++j)
+      if (logits[j] >= kth && logits[j] < INFINITY)
+        cands.push_back({static_cast<double>(logits[j]) / temperature, static_cast<int32_t>(j)});
+  }
   std::sort(cands.begin(), cands.end(), before);
   return cands;
 }

@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,7 @@
 #include "llm/arch/attention_block.hpp"
 #include "llm/arch/config_fields.hpp"
 #include "llm/kv_cache.hpp"
+#include "llm/layers/rmsnorm.hpp"
 #include "llm/layers/rope.hpp"
 #include "xmoe/error.hpp"
 
@@ -42,6 +45,35 @@ ModelConfig parse_fields(const json& config) {
   parse_decoder_fields(r, DecoderDefaults{}, c);
   parse_layer_types(r, c);
   return c;
+}
+
+// rms_norm_rows runs several rows' sums side by side; each row must get the bits of the plain one-row loop
+// (sum of squares in double in index order), for any row count, stride and in place.
+TEST(ArchKitRmsNorm, RowsTogetherGiveThePlainLoopsBits) {
+  std::mt19937 gen(3);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (const int64_t dim : {1, 7, 128, 2048})
+    for (const int64_t rows : {1, 3, 8, 9, 19}) {
+      SCOPED_TRACE(testing::Message() << dim << " values x " << rows << " rows");
+      const int64_t stride = dim + 5;
+      std::vector<float> x(static_cast<size_t>(rows * stride)), w(static_cast<size_t>(dim));
+      for (float& v : x) v = normal(gen);
+      for (float& v : w) v = normal(gen);
+      std::vector<float> want = x;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* in = x.data() + r * stride;
+        double ss = 0;
+        for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(in[i]) * in[i];
+        const float scale = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(dim)) + 1e-6f);
+        for (int64_t i = 0; i < dim; ++i)
+          want[static_cast<size_t>(r * stride + i)] = w[static_cast<size_t>(i)] * (in[i] * scale);
+      }
+      std::vector<float> out = x;
+      rms_norm_rows(x.data(), out.data(), rows, dim, stride, w.data(), 1e-6f);
+      EXPECT_EQ(std::memcmp(out.data(), want.data(), out.size() * sizeof(float)), 0);
+      rms_norm_rows(x.data(), x.data(), rows, dim, stride, w.data(), 1e-6f);
+      EXPECT_EQ(std::memcmp(x.data(), want.data(), x.size() * sizeof(float)), 0) << "in place";
+    }
 }
 
 TEST(ArchKitRope, InverseFrequenciesAttentionFactorAndRotationMatchTransformers) {

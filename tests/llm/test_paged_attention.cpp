@@ -242,6 +242,35 @@ TEST(PagedAttention, BitIdenticalAcrossThreadsAndBatches) {
   }
 }
 
+// A decode row (one query row: on AVX-512 a GQA group of up to 8 queries takes the half-width score path)
+// must equal the same row computed inside a prefill chunk (full-width tiles of many rows), bit for bit.
+TEST(PagedAttention, ADecodeRowEqualsTheSameRowInsideAChunk) {
+  uint32_t seed = 200;
+  for (const Case& c : kCases) {
+    const Problem pr(c, seed++);
+    const auto [pos0, n] = c.seqs[0];
+    if (n < 2) continue;
+    for (Isa isa : levels()) {
+      SCOPED_TRACE(c.name + " on " + isa_name(isa));
+      const KernelTable& table = kernel_table(isa, detect_cpu_features());
+      const auto whole = pr.run(table, {0}, 2);
+      for (const int64_t r : {int64_t{0}, n / 2, n - 1}) {
+        std::vector<float> row(static_cast<size_t>(pr.out_ld), -7.0f);
+        // The sequence's block pointers start at its first row's window; the check allows that for later
+        // rows.
+        const int64_t first = c.window > 0 ? std::max<int64_t>(0, pos0 - c.window + 1) / c.block_size : 0;
+        AttentionSequence one{pr.q[0].data() + r * pr.q_ld, row.data(),          1,    pos0 + r,
+                              pr.k_ptrs[0].data(),          pr.v_ptrs[0].data(), first};
+        AttentionArgs a = pr.args;
+        a.seqs = &one, a.num_seqs = 1;
+        attention(table, a);
+        EXPECT_EQ(std::memcmp(row.data(), whole[0].data() + r * pr.out_ld, row.size() * sizeof(float)), 0)
+            << "row " << r;
+      }
+    }
+  }
+}
+
 TEST(PagedAttention, BadArgumentsAreNamed) {
   const Problem pr(kCases[0], 7);
   AttentionArgs a = pr.args;

@@ -179,6 +179,14 @@ TEST(Sampler, TopKOnALargeVocabularyMatchesAFullSort) {
   std::sort(tokens.begin(), tokens.end());
   EXPECT_EQ(tokens, (std::vector<int32_t>{0, 1}));
   EXPECT_THROW(filtered_distribution(std::vector<float>{1.0f, NAN, 2.0f}, params), Error);
+  // A NaN or +inf far past the first k values (where whole blocks are passed over) is still found.
+  for (const float bad : {NAN, INFINITY}) {
+    std::vector<float> row(5000, 0.5f);
+    row[4321] = bad;
+    params.temperature = 1.0;
+    params.top_k = 20;
+    EXPECT_THROW(filtered_distribution(row, params), Error);
+  }
 }
 
 // Pearson's chi-square of `draws` samples against the distribution, with the Wilson-Hilferty approximation

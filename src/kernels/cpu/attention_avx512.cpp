@@ -15,6 +15,17 @@ namespace {
 
 struct Vec {
   using T = __m512;
+  // 256-bit vectors (AVX512VL encodings) for the scores of up to 8 queries.
+  struct Half {
+    using T = __m256;
+    static constexpr int kWidth = 8;
+    static T load(const float* p) { return _mm256_loadu_ps(p); }
+    static void store(float* p, T x) { _mm256_storeu_ps(p, x); }
+    static T set1(float x) { return _mm256_set1_ps(x); }
+    static T zero() { return _mm256_setzero_ps(); }
+    static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+    static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  };
   // 32 zmm registers: 16 score or 24 output accumulators.
   static constexpr int kScoreRows = 8, kRowBlock = 12;
   static constexpr int kWidth = 16;

@@ -17,8 +17,8 @@ struct Ops {
     attention_detail::widen_bf16(src, dst, 0, n);
   }
 
-  static void qk(const float* qt, int64_t mp, int64_t lanes, const float* kf, int64_t kf_ld, int dk,
-                 float scale, float* s) {
+  static void qk(const float* qt, int64_t mp, int64_t /*queries*/, int64_t lanes, const float* kf,
+                 int64_t kf_ld, int dk, float scale, float* s) {
     for (int64_t p = 0; p < kAttentionChunk; ++p)
       for (int64_t i = 0; i < lanes; ++i) {
         float acc = 0.0f;

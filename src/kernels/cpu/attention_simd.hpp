@@ -46,8 +46,35 @@ struct SimdOps {
     }
   }
 
-  static void qk(const float* qt, int64_t mp, int64_t lanes, const float* kf, int64_t kf_ld, int dk,
-                 float scale, float* s) {
+  // Scores of at most half a vector of queries (decode: one GQA group of 8 heads on AVX-512) in half-width
+  // vectors: a 512-bit FMA with half its lanes idle costs a full one (two 256-bit halves on Zen 4). Each
+  // score is the same FMA chain as in qk_block, so the bits do not change; lanes [V::Half::kWidth, mp) of s
+  // are left as they were (no query reads them).
+  template <class H>
+  static void qk_half(const float* qt, int64_t mp, const float* kf, int64_t kf_ld, int dk, float scale,
+                      float* s) {
+    constexpr int kRows = 8;  // positions per pass: more row pointers than this spill to the stack
+    static_assert(kAttentionChunk % kRows == 0);
+    for (int p0 = 0; p0 < kAttentionChunk; p0 += kRows) {
+      typename H::T acc[kRows];
+      for (auto& x : acc) x = H::zero();
+      const float* k = kf + p0 * kf_ld;
+      for (int d = 0; d < dk; ++d) {
+        const typename H::T q = H::load(qt + d * mp);
+        for (int p = 0; p < kRows; ++p) acc[p] = H::fma(H::set1(k[p * kf_ld + d]), q, acc[p]);
+      }
+      for (int p = 0; p < kRows; ++p) H::store(s + (p0 + p) * mp, H::mul(acc[p], H::set1(scale)));
+    }
+  }
+
+  static void qk(const float* qt, int64_t mp, int64_t queries, int64_t lanes, const float* kf, int64_t kf_ld,
+                 int dk, float scale, float* s) {
+    if constexpr (requires { typename V::Half; }) {
+      if (queries <= V::Half::kWidth) {
+        qk_half<typename V::Half>(qt, mp, kf, kf_ld, dk, scale, s);
+        return;
+      }
+    }
     int64_t i = 0;
     for (; i + 2 * kLanes <= lanes; i += 2 * kLanes) qk_block<2>(qt, mp, i, kf, kf_ld, dk, scale, s);
     if (i < lanes) qk_block<1>(qt, mp, i, kf, kf_ld, dk, scale, s);

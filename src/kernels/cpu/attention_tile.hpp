@@ -107,6 +107,8 @@ void attention_tile(const AttentionArgs& a, const AttentionItem& item, float* sc
     sl.l[i] = real ? 1.0f : 0.0f;
   }
   std::fill(sl.o, sl.o + M * dvp, 0.0f);
+  // Padding lanes of the scores are computed but never read; zero keeps them finite when qk skips them.
+  std::fill(sl.s, sl.s + kAttentionChunk * mp, 0.0f);
 
   const int64_t first_pos = sq.pos0 + item.row0, last_pos = first_pos + item.rows - 1;
   auto lowest = [&](int64_t pos) { return a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0; };
@@ -121,7 +123,7 @@ void attention_tile(const AttentionArgs& a, const AttentionItem& item, float* sc
                 count, a.k_pos_stride, a.k_dim, dk_pad, sl.kf, Ops::widen);
       load_rows(vb + esize * static_cast<size_t>(c * a.v_pos_stride + kv_head * a.v_head_stride), a.kv_dtype,
                 count, a.v_pos_stride, a.v_dim, dvp, sl.vf, Ops::widen);
-      Ops::qk(sl.qt, mp, lanes, sl.kf, dk_pad, a.k_dim, a.scale, sl.s);
+      Ops::qk(sl.qt, mp, M, lanes, sl.kf, dk_pad, a.k_dim, a.scale, sl.s);
       // Positions a query may not see: after it (causal), before its window, past the block's end.
       for (int64_t r = 0; r < item.rows; ++r) {
         const int64_t pos = first_pos + r;

@@ -84,7 +84,8 @@ void AttentionBlock::forward(const kernels::KernelTable& table, const Rope& rope
     linear_forward_parts(table, qkv_parts_, x, T, w_.q.cols, qkv, qkv_width);
     if (!qkv_bias_.empty()) add_bias(qkv, qkv_bias_.data(), T, qkv_width, qkv_width);
   }
-  moe::parallel_rows(T, 4, [&](int64_t a, int64_t b) {
+  // A token's q/k norm and rotation take a few microseconds: a team pays off only from a few dozen rows.
+  moe::parallel_rows(T, 32, [&](int64_t a, int64_t b) {
     for (int64_t t = a; t < b; ++t) {
       const auto c = static_cast<size_t>(chunk_of[static_cast<size_t>(t)]);
       const int64_t pos = start[c] + (t - first[c]), seq_len = start[c] + (first[c + 1] - first[c]);
@@ -94,8 +95,7 @@ void AttentionBlock::forward(const kernels::KernelTable& table, const Rope& rope
         rms_norm_rows(q, q, Hq, D, D, w_.q_norm.data(), eps_);
         rms_norm_rows(k, k, KV, D, D, w_.k_norm.data(), eps_);
       }
-      rope.apply(q, Hq, pos, seq_len);
-      rope.apply(k, KV, pos, seq_len);
+      rope.apply(q, Hq, k, KV, pos, seq_len);
     }
   });
 

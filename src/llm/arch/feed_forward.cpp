@@ -17,8 +17,11 @@ namespace {
 
 using kernels::PackedWeight;
 
-// Router products up to this many multiply-adds run on the calling thread (Qwen3-30B-A3B's up to 4 rows).
-constexpr double kRouterAloneMacs = 1 << 20;
+// Router products up to this many multiply-adds run on the calling thread (Qwen3-30B-A3B's up to 16 rows,
+// batched decode). At 8-16 rows (2-4 M multiply-adds, ~0.1 ms on one core) a team would save at most half of
+// that on an idle machine, and its wake-up costs far more on a loaded one (batch 16 at load 6: the router
+// took 6.1 ms of wall time per 8-layer step for 1.2 ms of CPU time).
+constexpr double kRouterAloneMacs = 1 << 22;
 
 class DenseSwiglu final : public FeedForward {
  public:

@@ -100,6 +100,10 @@ const std::vector<float>& Rope::frequencies(int64_t seq_len, std::vector<float>&
 }
 
 void Rope::apply(float* x, int heads, int64_t position, int64_t seq_len) const {
+  apply(x, heads, nullptr, 0, position, seq_len);
+}
+
+void Rope::apply(float* x, int heads, float* x2, int heads2, int64_t position, int64_t seq_len) const {
   std::vector<float> scratch;
   const std::vector<float>& inv = frequencies(seq_len, scratch);
   const int half = dim_ / 2;
@@ -111,14 +115,18 @@ void Rope::apply(float* x, int heads, int64_t position, int64_t seq_len) const {
     sin_v[i] = static_cast<float>(std::sin(static_cast<double>(angle))) * attention_scaling_;
   }
   // Partial rotary: the leading dim_ values of each head rotate, the rest pass through.
-  for (int h = 0; h < heads; ++h) {
-    float* v = x + static_cast<int64_t>(h) * head_dim_;
-    for (int i = 0; i < half; ++i) {
-      const float a = v[i], b = v[i + half];
-      v[i] = a * cos_v[i] - b * sin_v[i];
-      v[i + half] = b * cos_v[i] + a * sin_v[i];
+  const auto rotate = [&](float* rows, int count) {
+    for (int h = 0; h < count; ++h) {
+      float* v = rows + static_cast<int64_t>(h) * head_dim_;
+      for (int i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * cos_v[i] - b * sin_v[i];
+        v[i + half] = b * cos_v[i] + a * sin_v[i];
+      }
     }
-  }
+  };
+  rotate(x, heads);
+  if (x2) rotate(x2, heads2);
 }
 
 }  // namespace xmoe::llm

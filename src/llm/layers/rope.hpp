@@ -19,6 +19,9 @@ class Rope {
   // rotary_dim values); seq_len is the
   // sequence's length after this step (only dynamic scaling reads it).
   void apply(float* x, int heads, int64_t position, int64_t seq_len) const;
+  // The same for two sets of head rows of one token (a query's and its key's heads), the angles computed
+  // once.
+  void apply(float* x, int heads, float* x2, int heads2, int64_t position, int64_t seq_len) const;
   const std::vector<float>& inv_freq() const { return inv_freq_; }
   float attention_scaling() const { return attention_scaling_; }
 
