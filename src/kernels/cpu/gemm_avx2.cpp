@@ -17,7 +17,7 @@ struct KernelF32 {
   using Packed = float;
 
   static void run(int64_t slots, const float* a, const float* b, float* c, int64_t ldc, int64_t rows,
-                  int64_t cols, bool load_c) {
+                  int64_t cols, bool load_c, SourcePrefetch* source) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     __m256i mask[NV];
 #pragma GCC unroll 8
@@ -39,6 +39,7 @@ struct KernelF32 {
     }
 #pragma GCC unroll 4
     for (int64_t s = 0; s < slots; ++s) {
+      if (source && (s & 1)) source->step();
 #pragma GCC unroll 8
       for (int v = 0; v < NV; v += 2)
         _mm_prefetch(reinterpret_cast<const char*>(b + (s + kPrefetch) * nr + 8 * v), _MM_HINT_T0);

@@ -18,7 +18,7 @@ struct KernelBf16 {
   using Packed = bf16;
 
   static void run(int64_t slots, const bf16* a, const bf16* b, float* c, int64_t ldc, int64_t rows,
-                  int64_t cols, bool load_c) {
+                  int64_t cols, bool load_c, SourcePrefetch* source) {
     __mmask16 mask[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
@@ -34,8 +34,9 @@ struct KernelBf16 {
             load_c && i < rows ? _mm512_maskz_loadu_ps(mask[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
     }
     for (int64_t s = 0; s < slots; ++s) {
-      // The packed panels outgrow L1 at this kc; fetching a few slots ahead keeps the dot products fed from
-      // L2.
+      if (source && (s & 1)) source->step();
+        // The packed panels outgrow L1 at this kc; fetching a few slots ahead keeps the dot products fed from
+        // L2.
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v)
         _mm_prefetch(reinterpret_cast<const char*>(b + ((s + kPrefetch) * NV + v) * 32), _MM_HINT_T0);
