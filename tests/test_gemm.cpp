@@ -139,13 +139,16 @@ struct Shape3 {
   int64_t m, n, k;
 };
 
-// Single elements, primes, sizes one off the 14 × 32 / 6 × 16 tiles and the kc = 256 / 512 blocks, more rows
-// than one mc block, more columns than one nc block, and k = 0. Up to 256 rows take the few-rows path (one
-// op(A) block, narrow op(B) blocks, k blocks outermost); 301 rows the tall one, over several mc and kc
-// blocks.
-const Shape3 kShapes[] = {{1, 1, 1},     {1, 1, 7},     {1, 37, 1},    {5, 1, 3},     {3, 5, 0},
-                          {14, 32, 256}, {15, 33, 257}, {13, 31, 255}, {29, 97, 101}, {6, 16, 513},
-                          {41, 71, 259}, {181, 17, 20}, {3, 2081, 5},  {2, 3, 1030},  {301, 70, 1100}};
+// Single elements, primes, sizes one off the 8 × 48 / 6 × 16 / 6 × 64 tiles and the kc = 256 / 512 blocks,
+// more rows than one mc block, more columns than one nc block, and k = 0. Up to 512 rows take the few-rows
+// path (one op(A) block, narrow op(B) blocks, k blocks outermost, the next block's source prefetched while
+// one multiplies): 301 rows over several k blocks, and k past the 1024 / 2048 blocks of an op(B) = Bᵀ with a
+// k tail, rows off every tile; 530 rows the tall one, over several (equal) mc and kc blocks.
+const Shape3 kShapes[] = {{1, 1, 1},     {1, 1, 7},     {1, 37, 1},    {5, 1, 3},       {3, 5, 0},
+                          {14, 32, 256}, {15, 33, 257}, {13, 31, 255}, {29, 97, 101},   {6, 16, 513},
+                          {8, 48, 64},   {9, 49, 65},   {7, 47, 63},   {6, 64, 33},     {41, 71, 259},
+                          {181, 17, 20}, {3, 2081, 5},  {2, 3, 1030},  {301, 70, 1100}, {37, 100, 2101},
+                          {530, 50, 600}};
 
 bool supported(const Variant& v) {
   return isa_supported(detect_cpu_features(), v.isa);

@@ -62,10 +62,18 @@ struct KernelF32 {
 // 64–256 × 2048 × 2048 NT 5–12 % and 8192 × 2048 × 2048 0–3 % ahead of 14 × 32, with 16 × 16, 12 × 32,
 // 8 × 32 and 6 × 64 in between.
 using Kernel = KernelF32<8, 3>;
-// Few rows: nc_small 64 (rounded to 96 here; one 192 KiB op(B) block) measured ahead of 128 and 2048 at
-// 64–256 × 2048 × 2048 with the 14 × 32 tile.
-constexpr GemmBlocking kBlocking{
-    .mc = 8 * 21, .kc = 512, .nc = 2048, .mc_once = 256, .kc_once = 512, .nc_small = 64};
+// Few rows (up to 512, as in gemm_avx2.cpp): nc_small 64 (rounded to 96 here; one 192 KiB op(B) block)
+// measured ahead of 128 and 2048 at 64–256 × 2048 × 2048 with the 14 × 32 tile. For op(B) = Bᵀ 1024 × 48 ran
+// 128–256 × 2048 × 2048 NT 3–8 % ahead of 512 × 96 (level at 64 rows; 512 × 48, 1024 × 96 and 256 × 192 in
+// between).
+constexpr GemmBlocking kBlocking{.mc = 8 * 21,
+                                 .kc = 512,
+                                 .nc = 2048,
+                                 .mc_once = 512,
+                                 .kc_once = 512,
+                                 .nc_small = 64,
+                                 .kc_once_tb = 1024,
+                                 .nc_small_tb = 48};
 constexpr int kMacsPerPackedElement = 16;
 
 }  // namespace

@@ -65,10 +65,11 @@ struct KernelBf16 {
 // 6 × 64 measured a few percent ahead of 14 × 32 here (fewer broadcasts per dot product) and wastes less of a
 // small token block.
 using Kernel = KernelBf16<6, 4>;
-// Few rows: up to 256 rows in one 512 KiB op(A) block, op(B) in 256 KiB blocks (at 64–256 × 2048 × 2048
-// from 0.56–0.77× oneDNN to 0.81–1.0×; kc_once 512 and nc_small 256 measured behind).
+// Few rows: up to 512 rows (as in gemm_avx2.cpp) in one op(A) block, 512 KiB at 256 rows, op(B) in 256 KiB
+// blocks (at 64–256 × 2048 × 2048 from 0.56–0.77× oneDNN to 0.81–1.0×; kc_once 512 and nc_small 256 measured
+// behind).
 constexpr GemmBlocking kBlocking{
-    .mc = 6 * 12, .kc = 1024, .nc = 2048, .mc_once = 256, .kc_once = 1024, .nc_small = 128};
+    .mc = 6 * 12, .kc = 1024, .nc = 2048, .mc_once = 512, .kc_once = 1024, .nc_small = 128};
 constexpr int kMacsPerPackedElement = 32;
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -37,6 +38,10 @@ struct GemmBlocking {
   // block kc_once deep, and op(B) is packed nc_small columns at a time (kc_once × nc_small sized to stay in
   // L2 next to it).
   int64_t mc_once, kc_once, nc_small;
+  // The same for an op(B) = Bᵀ (k along B's rows, as for a weight stored [out, in]): the next block's
+  // source rows, prefetched into L2 while a block multiplies, are `ldb` apart, often a multiple of 4 KiB, so
+  // a short stretch of each row lands in a fraction of L2's sets; longer, fewer rows spread it. 0: as above.
+  int64_t kc_once_tb = 0, nc_small_tb = 0;
 };
 
 constexpr int64_t round_up(int64_t x, int64_t m) {
@@ -335,8 +340,11 @@ void gemm_blocked(const GemmArgs<In, float>& g, GemmBlocking blk, int flops_per_
   // The few-rows path (below): all of a thread's rows in one op(A) block, kc_once deep, and op(B) blocks of
   // nc_small columns.
   const int64_t mc_once = std::min(round_up(std::max(blk.mc_once, blk.mc), MR), round_up(m, MR));
-  const int64_t kc_once = std::min(round_up(blk.kc_once, KP), round_up(k, KP));
-  const int64_t nc_once = std::min(round_up(blk.nc_small, NR), round_up(n, NR));
+  const bool rows_along_k = g.trans_b && blk.kc_once_tb > 0;
+  const int64_t kc_once =
+      std::min(round_up(rows_along_k ? blk.kc_once_tb : blk.kc_once, KP), round_up(k, KP));
+  const int64_t nc_once =
+      std::min(round_up(rows_along_k ? blk.nc_small_tb : blk.nc_small, NR), round_up(n, NR));
   const int64_t a_elems = round_up(std::max(mc * kc, mc_once * kc_once), 64),
                 b_elems = round_up(std::max(kc * nc, kc_once * nc_once), 64);
 
