@@ -198,9 +198,10 @@ void check_thread_count_invariance(void (*gemm)(const GemmArgs<In, float>&)) {
   ThreadCountGuard guard;
   // Tall products (every thread multiplies the same op(B) block, packed once by the team): several kc
   // blocks, so each of the two shared op(B) buffers is reused, an nc edge, and edge panels split over
-  // threads; then a wide one, split over columns. 150 rows take the few-rows path on one thread and the
-  // tall one, op(B) shared, on two and three: the two walk the blocks in different orders. 530 rows take the
-  // tall path with several mc blocks a thread.
+  // threads; then a wide one, split over columns. 150 rows take the few-rows path on one thread and other
+  // grids on two and three (the tall path with op(B) shared; at AVX-512 on two threads, the few-rows path
+  // split over columns), which walk the blocks in other orders with other prefetched sources. 530 rows take
+  // the tall path with several mc blocks a thread.
   const Shape3 shapes[] = {{150, 90, 517}, {60, 2100, 1100}, {9, 400, 300}, {530, 150, 1100}};
   for (const Shape3& s : shapes) {
     for (int trans = 0; trans < 4; ++trans) {

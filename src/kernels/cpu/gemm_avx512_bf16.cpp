@@ -68,8 +68,15 @@ using Kernel = KernelBf16<6, 4>;
 // Few rows: up to 512 rows (as in gemm_avx2.cpp) in one op(A) block, 512 KiB at 256 rows, op(B) in 256 KiB
 // blocks (at 64–256 × 2048 × 2048 from 0.56–0.77× oneDNN to 0.81–1.0×; kc_once 512 and nc_small 256 measured
 // behind).
-constexpr GemmBlocking kBlocking{
-    .mc = 6 * 12, .kc = 1024, .nc = 2048, .mc_once = 512, .kc_once = 1024, .nc_small = 128};
+// Two threads: splitting columns up to 512 rows took 128 × 2048 × 2048 NT from 0.82× to 0.96× oneDNN and
+// 512 NT/NN 2–4 % ahead (process CPU time per thread, interleaved).
+constexpr GemmBlocking kBlocking{.mc = 6 * 12,
+                                 .kc = 1024,
+                                 .nc = 2048,
+                                 .mc_once = 512,
+                                 .kc_once = 1024,
+                                 .nc_small = 128,
+                                 .split_rows = 512};
 constexpr int kMacsPerPackedElement = 32;
 
 }  // namespace

@@ -42,6 +42,9 @@ struct GemmBlocking {
   // source rows, prefetched into L2 while a block multiplies, are `ldb` apart, often a multiple of 4 KiB, so
   // a short stretch of each row lands in a fraction of L2's sets; longer, fewer rows spread it. 0: as above.
   int64_t kc_once_tb = 0, nc_small_tb = 0;
+  // A team splits a product of at most split_rows rows over columns, each thread all rows on the few-rows
+  // path, instead of sharing op(B) blocks on the tall one.
+  int64_t split_rows = 0;
 };
 
 constexpr int64_t round_up(int64_t x, int64_t m) {
@@ -361,6 +364,10 @@ void gemm_blocked(const GemmArgs<In, float>& g, GemmBlocking blk, int flops_per_
     const int team = omp_get_num_threads(), tid = omp_get_thread_num();
     int tm = 1, tn = 1;
     choose_grid(m, n, k, MR, NR, nc, flops_per_pack, team, tm, tn);
+    // Up to split_rows rows the team splits the columns instead, each thread all rows on the few-rows path
+    // (the model above has no term for that path's L2-resident blocks and prefetched source).
+    if (team > 1 && round_up(m, MR) <= std::min(mc_once, blk.split_rows) && ceil_div(n, NR) >= team)
+      tm = 1, tn = team;
     const bool shared_b = team > 1 && tn == 1;  // then tm == team: every thread has rows
     P* ap = buffer.get() + static_cast<int64_t>(tid) * a_elems;
     P* b_base = buffer.get() + a_elems * threads;
