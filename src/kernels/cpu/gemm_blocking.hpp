@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -245,21 +244,18 @@ struct AlignedFree {
 // reads. Spread thin because a burst between micro-tiles (a few hundred lines) fills the core's miss buffers
 // and stalls the kernel's own loads for longer than it saves.
 struct SourcePrefetch {
-  const char* row = nullptr;  // the 64-byte-aligned start of the current source row
+  const char* row = nullptr;  // the current source row
   int64_t ld_bytes = 0, lines_per_row = 0;
-  int64_t line = 0;   // next line in the current row
+  int64_t line = 0;   // next line of the current row, counted from the line holding its first byte
   int64_t left = 0;   // lines not yet fetched
   int64_t quota = 0;  // lines the current micro-tile may fetch
 
   template <class In>
   SourcePrefetch(const In* src, int64_t ld, int64_t rows, int64_t row_elems)
-      : ld_bytes(ld * static_cast<int64_t>(sizeof(In))) {
-    const uintptr_t start = reinterpret_cast<uintptr_t>(src);
-    const int64_t row_bytes = row_elems * static_cast<int64_t>(sizeof(In));
-    row = reinterpret_cast<const char*>(start & ~uintptr_t{63});
+      : row(reinterpret_cast<const char*>(src)), ld_bytes(ld * static_cast<int64_t>(sizeof(In))) {
     // A row that starts mid-line spans one line more than its length rounds to: the walk covers it, and at
     // worst fetches a line past a row's end (a prefetch never faults).
-    lines_per_row = ceil_div(row_bytes + 63, 64);
+    lines_per_row = ceil_div(row_elems * static_cast<int64_t>(sizeof(In)) + 63, 64);
     left = rows * lines_per_row;
   }
   SourcePrefetch() = default;
@@ -268,7 +264,8 @@ struct SourcePrefetch {
   void step() {
     if (quota <= 0) return;
     --quota, --left;
-    __builtin_prefetch(row + line * 64, 0, 2);
+    const uintptr_t first = reinterpret_cast<uintptr_t>(row) & ~uintptr_t{63};
+    __builtin_prefetch(reinterpret_cast<const void*>(first + static_cast<uintptr_t>(line) * 64), 0, 2);
     if (++line == lines_per_row) line = 0, row += ld_bytes;
   }
   void finish() {
