@@ -32,12 +32,12 @@ struct KernelF32 {
             load_c && i < rows ? _mm512_maskz_loadu_ps(mask[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
     }
     for (int64_t s = 0; s < slots; ++s) {
-      if (source && (s & 1)) source->step();
-        // The packed panels outgrow L1 at this kc; fetching a few slots ahead keeps the FMAs fed from L2.
+      // The packed panels outgrow L1 at this kc; fetching a few slots ahead keeps the FMAs fed from L2.
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v)
         _mm_prefetch(reinterpret_cast<const char*>(b + (s + kPrefetch) * nr + 16 * v), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(a + (s + kPrefetch) * MR), _MM_HINT_T0);
+      if (source && (s & 1)) source->step();
       __m512 bv[NV];
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) bv[v] = _mm512_load_ps(b + s * nr + 16 * v);
@@ -58,9 +58,9 @@ struct KernelF32 {
 };
 
 // 8 × 48 (24 accumulators): the experts' row counts (64–512 tokens) are whole multiples of 8, where 14 rows
-// left the last tile of 64 or 128 rows 4/7 empty; and on Zen 4 (one-thread CPU time, interleaved) it ran
-// 64–256 × 2048 × 2048 NT 5–12 % and 8192 × 2048 × 2048 0–3 % ahead of 14 × 32, with 16 × 16, 12 × 32,
-// 8 × 32 and 6 × 64 in between.
+// left the last tile of 64 rows 3/7 empty and of 128 rows 6/7; and on Zen 4 (one-thread CPU time,
+// interleaved) it ran 64–256 × 2048 × 2048 NT 5–12 % and 8192 × 2048 × 2048 0–3 % ahead of 14 × 32, with
+// 16 × 16, 12 × 32, 8 × 32 and 6 × 64 in between.
 using Kernel = KernelF32<8, 3>;
 // Few rows (up to 512, as in gemm_avx2.cpp): nc_small 64 (rounded to 96 here; one 192 KiB op(B) block)
 // measured ahead of 128 and 2048 at 64–256 × 2048 × 2048 with the 14 × 32 tile. For op(B) = Bᵀ 1024 × 48 ran

@@ -34,13 +34,13 @@ struct KernelBf16 {
             load_c && i < rows ? _mm512_maskz_loadu_ps(mask[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
     }
     for (int64_t s = 0; s < slots; ++s) {
-      if (source && (s & 1)) source->step();
-        // The packed panels outgrow L1 at this kc; fetching a few slots ahead keeps the dot products fed from
-        // L2.
+      // The packed panels outgrow L1 at this kc; fetching a few slots ahead keeps the dot products fed from
+      // L2.
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v)
         _mm_prefetch(reinterpret_cast<const char*>(b + ((s + kPrefetch) * NV + v) * 32), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(a + (s + kPrefetch) * MR * 2), _MM_HINT_T0);
+      if (source && (s & 1)) source->step();
       __m512bh bv[NV];
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_load_si512(b + (s * NV + v) * 32);
