@@ -77,8 +77,8 @@ using Kernel = KernelF32<6, 2>;
 // nc_small 128 ahead of 64, 192, 256, 512 and 2048; kc_once 512 ahead of 256). For op(B) = Bᵀ, with the
 // next block's source prefetched, 2048 × 32 ran 64–256 × 2048 × 2048 NT 3–6 % ahead of 512 × 128 (1024 × 64
 // and 2048 × 64 in between; 2048 × 32 on NN ran 15 % behind, its source rows a mere 128 bytes each).
-// Two threads (process CPU time per thread, interleaved): split_rows 128 took 128 × 2048 × 2048 NT from 0.83×
-// to 0.92× oneDNN; at 256–512 rows the shared tall path stayed 2–4 % ahead (an op(A) block of 2–4 MiB).
+// Two threads keep the grid model's choice (no split_rows): splitting columns measured level with it at
+// 64–128 × 2048 × 2048 and 2–4 % behind at 256–512 rows (process CPU time per thread, interleaved).
 constexpr GemmBlocking kBlocking{.mc = 6 * 24,
                                  .kc = 512,
                                  .nc = 2048,
@@ -86,8 +86,7 @@ constexpr GemmBlocking kBlocking{.mc = 6 * 24,
                                  .kc_once = 512,
                                  .nc_small = 128,
                                  .kc_once_tb = 2048,
-                                 .nc_small_tb = 32,
-                                 .split_rows = 128};
+                                 .nc_small_tb = 32};
 constexpr int kMacsPerPackedElement = 16;
 
 }  // namespace
