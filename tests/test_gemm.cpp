@@ -139,13 +139,16 @@ struct Shape3 {
   int64_t m, n, k;
 };
 
-// Single elements, primes, sizes one off the 14 × 32 / 6 × 16 tiles and the kc = 256 / 512 blocks, more rows
-// than one mc block, more columns than one nc block, and k = 0. Up to 256 rows take the few-rows path (one
-// op(A) block, narrow op(B) blocks, k blocks outermost); 301 rows the tall one, over several mc and kc
-// blocks.
-const Shape3 kShapes[] = {{1, 1, 1},     {1, 1, 7},     {1, 37, 1},    {5, 1, 3},     {3, 5, 0},
-                          {14, 32, 256}, {15, 33, 257}, {13, 31, 255}, {29, 97, 101}, {6, 16, 513},
-                          {41, 71, 259}, {181, 17, 20}, {3, 2081, 5},  {2, 3, 1030},  {301, 70, 1100}};
+// Single elements, primes, sizes one off the 8 × 48 / 6 × 16 / 6 × 64 tiles and the kc = 256 / 512 blocks,
+// more rows than one mc block, more columns than one nc block, and k = 0. Up to 512 rows take the few-rows
+// path (one op(A) block, narrow op(B) blocks, k blocks outermost, the next block's source prefetched while
+// one multiplies): 301 rows over several k blocks, and k past the 1024 / 2048 blocks of an op(B) = Bᵀ with a
+// k tail, rows off every tile; 530 rows the tall one, over several (equal) mc and kc blocks.
+const Shape3 kShapes[] = {{1, 1, 1},     {1, 1, 7},     {1, 37, 1},    {5, 1, 3},       {3, 5, 0},
+                          {14, 32, 256}, {15, 33, 257}, {13, 31, 255}, {29, 97, 101},   {6, 16, 513},
+                          {8, 48, 64},   {9, 49, 65},   {7, 47, 63},   {6, 64, 33},     {41, 71, 259},
+                          {181, 17, 20}, {3, 2081, 5},  {2, 3, 1030},  {301, 70, 1100}, {37, 100, 2101},
+                          {530, 50, 600}};
 
 bool supported(const Variant& v) {
   return isa_supported(detect_cpu_features(), v.isa);
@@ -195,9 +198,10 @@ void check_thread_count_invariance(void (*gemm)(const GemmArgs<In, float>&)) {
   ThreadCountGuard guard;
   // Tall products (every thread multiplies the same op(B) block, packed once by the team): several kc
   // blocks, so each of the two shared op(B) buffers is reused, an nc edge, and edge panels split over
-  // threads; then a wide one, split over columns. 150 rows take the few-rows path on one thread and the
-  // tall one, op(B) shared, on two and three: the two walk the blocks in different orders. 530 rows take the
-  // tall path with several mc blocks a thread.
+  // threads; then a wide one, split over columns. 150 rows take the few-rows path on one thread and other
+  // grids on two and three (the tall path with op(B) shared; at AVX-512 on two threads, the few-rows path
+  // split over columns), which walk the blocks in other orders with other prefetched sources. 530 rows take
+  // the tall path with several mc blocks a thread.
   const Shape3 shapes[] = {{150, 90, 517}, {60, 2100, 1100}, {9, 400, 300}, {530, 150, 1100}};
   for (const Shape3& s : shapes) {
     for (int trans = 0; trans < 4; ++trans) {

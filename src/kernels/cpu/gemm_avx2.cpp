@@ -17,7 +17,7 @@ struct KernelF32 {
   using Packed = float;
 
   static void run(int64_t slots, const float* a, const float* b, float* c, int64_t ldc, int64_t rows,
-                  int64_t cols, bool load_c) {
+                  int64_t cols, bool load_c, SourcePrefetch* source) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     __m256i mask[NV];
 #pragma GCC unroll 8
@@ -39,6 +39,7 @@ struct KernelF32 {
     }
 #pragma GCC unroll 4
     for (int64_t s = 0; s < slots; ++s) {
+      if (source && (s & 1)) source->step();
 #pragma GCC unroll 8
       for (int v = 0; v < NV; v += 2)
         _mm_prefetch(reinterpret_cast<const char*>(b + (s + kPrefetch) * nr + 8 * v), _MM_HINT_T0);
@@ -71,10 +72,21 @@ struct KernelF32 {
 
 using Kernel = KernelF32<6, 2>;
 // kc = 512 (a 32 KiB op(B) micro-panel, streamed with the prefetch above) measured a few % ahead of 256.
-// Few rows: a 512 KiB op(A) block and 256 KiB op(B) blocks (swept on one Zen 4 core at 64–512 × 2048 × 2048:
-// nc_small 128 ahead of 64, 192, 256, 512 and 2048; kc_once 512 ahead of 256).
-constexpr GemmBlocking kBlocking{
-    .mc = 6 * 24, .kc = 512, .nc = 2048, .mc_once = 256, .kc_once = 512, .nc_small = 128};
+// Few rows (up to 512: at 512 × 2048 × 2048 one thread ran 2–4 % ahead of the tall path, at every level): a
+// 512 KiB op(A) block at 256 rows and 256 KiB op(B) blocks (swept on one Zen 4 core at 64–512 × 2048 × 2048:
+// nc_small 128 ahead of 64, 192, 256, 512 and 2048; kc_once 512 ahead of 256). For op(B) = Bᵀ, with the
+// next block's source prefetched, 2048 × 32 ran 64–256 × 2048 × 2048 NT 3–6 % ahead of 512 × 128 (1024 × 64
+// and 2048 × 64 in between; 2048 × 32 on NN ran 15 % behind, its source rows a mere 128 bytes each).
+// Two threads keep the grid model's choice (no split_rows): splitting columns measured level with it at
+// 64–128 × 2048 × 2048 and 2–4 % behind at 256–512 rows (process CPU time per thread, interleaved).
+constexpr GemmBlocking kBlocking{.mc = 6 * 24,
+                                 .kc = 512,
+                                 .nc = 2048,
+                                 .mc_once = 512,
+                                 .kc_once = 512,
+                                 .nc_small = 128,
+                                 .kc_once_tb = 2048,
+                                 .nc_small_tb = 32};
 constexpr int kMacsPerPackedElement = 16;
 
 }  // namespace

@@ -1,4 +1,4 @@
-// AVX-512 f32 GEMM: a 14 × 32 register tile (28 zmm accumulators) fed by broadcasts of packed op(A) and two
+// AVX-512 f32 GEMM: an 8 × 48 register tile (24 zmm accumulators) fed by broadcasts of packed op(A) and three
 // vector loads of packed op(B) per k. bf16 inputs are widened to f32 while packing and use the same kernel.
 #include <immintrin.h>
 
@@ -16,7 +16,7 @@ struct KernelF32 {
   using Packed = float;
 
   static void run(int64_t slots, const float* a, const float* b, float* c, int64_t ldc, int64_t rows,
-                  int64_t cols, bool load_c) {
+                  int64_t cols, bool load_c, SourcePrefetch* source) {
     __mmask16 mask[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
@@ -37,6 +37,7 @@ struct KernelF32 {
       for (int v = 0; v < NV; ++v)
         _mm_prefetch(reinterpret_cast<const char*>(b + (s + kPrefetch) * nr + 16 * v), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(a + (s + kPrefetch) * MR), _MM_HINT_T0);
+      if (source && (s & 1)) source->step();
       __m512 bv[NV];
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) bv[v] = _mm512_load_ps(b + s * nr + 16 * v);
@@ -56,10 +57,26 @@ struct KernelF32 {
   }
 };
 
-using Kernel = KernelF32<14, 2>;
-// Few rows: nc_small 64 (one 128 KiB op(B) block) measured ahead of 128 and 2048 at 64–256 × 2048 × 2048.
-constexpr GemmBlocking kBlocking{
-    .mc = 14 * 12, .kc = 512, .nc = 2048, .mc_once = 256, .kc_once = 512, .nc_small = 64};
+// 8 × 48 (24 accumulators): the experts' row counts (64–512 tokens) are whole multiples of 8, where 14 rows
+// left the last tile of 64 rows 3/7 empty and of 128 rows 6/7; and on Zen 4 (one-thread CPU time,
+// interleaved) it ran 64–256 × 2048 × 2048 NT 5–12 % and 8192 × 2048 × 2048 0–3 % ahead of 14 × 32, with
+// 16 × 16, 12 × 32, 8 × 32 and 6 × 64 in between.
+using Kernel = KernelF32<8, 3>;
+// Few rows (up to 512, as in gemm_avx2.cpp): nc_small 64 (rounded to 96 here; one 192 KiB op(B) block)
+// measured ahead of 128 and 2048 at 64–256 × 2048 × 2048 with the 14 × 32 tile. For op(B) = Bᵀ 1024 × 48 ran
+// 128–256 × 2048 × 2048 NT 3–8 % ahead of 512 × 96 (level at 64 rows; 512 × 48, 1024 × 96 and 256 × 192 in
+// between).
+// Two threads (process CPU time per thread, interleaved): splitting columns up to 512 rows took 64–512 ×
+// 2048 × 2048 from 0.55–0.96× oneDNN to 0.92–1.1× (the shared tall path left 32 rows a thread at 64).
+constexpr GemmBlocking kBlocking{.mc = 8 * 21,
+                                 .kc = 512,
+                                 .nc = 2048,
+                                 .mc_once = 512,
+                                 .kc_once = 512,
+                                 .nc_small = 64,
+                                 .kc_once_tb = 1024,
+                                 .nc_small_tb = 48,
+                                 .split_rows = 512};
 constexpr int kMacsPerPackedElement = 16;
 
 }  // namespace

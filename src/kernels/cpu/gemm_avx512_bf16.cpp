@@ -18,7 +18,7 @@ struct KernelBf16 {
   using Packed = bf16;
 
   static void run(int64_t slots, const bf16* a, const bf16* b, float* c, int64_t ldc, int64_t rows,
-                  int64_t cols, bool load_c) {
+                  int64_t cols, bool load_c, SourcePrefetch* source) {
     __mmask16 mask[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
@@ -40,6 +40,7 @@ struct KernelBf16 {
       for (int v = 0; v < NV; ++v)
         _mm_prefetch(reinterpret_cast<const char*>(b + ((s + kPrefetch) * NV + v) * 32), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(a + (s + kPrefetch) * MR * 2), _MM_HINT_T0);
+      if (source && (s & 1)) source->step();
       __m512bh bv[NV];
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_load_si512(b + (s * NV + v) * 32);
@@ -64,10 +65,18 @@ struct KernelBf16 {
 // 6 × 64 measured a few percent ahead of 14 × 32 here (fewer broadcasts per dot product) and wastes less of a
 // small token block.
 using Kernel = KernelBf16<6, 4>;
-// Few rows: up to 256 rows in one 512 KiB op(A) block, op(B) in 256 KiB blocks (at 64–256 × 2048 × 2048
-// from 0.56–0.77× oneDNN to 0.81–1.0×; kc_once 512 and nc_small 256 measured behind).
-constexpr GemmBlocking kBlocking{
-    .mc = 6 * 12, .kc = 1024, .nc = 2048, .mc_once = 256, .kc_once = 1024, .nc_small = 128};
+// Few rows: up to 512 rows (as in gemm_avx2.cpp) in one op(A) block, 512 KiB at 256 rows, op(B) in 256 KiB
+// blocks (at 64–256 × 2048 × 2048 from 0.56–0.77× oneDNN to 0.81–1.0×; kc_once 512 and nc_small 256 measured
+// behind).
+// Two threads: splitting columns up to 512 rows took 128 × 2048 × 2048 NT from 0.82× to 0.96× oneDNN and
+// 512 NT/NN 2–4 % ahead (process CPU time per thread, interleaved).
+constexpr GemmBlocking kBlocking{.mc = 6 * 12,
+                                 .kc = 1024,
+                                 .nc = 2048,
+                                 .mc_once = 512,
+                                 .kc_once = 1024,
+                                 .nc_small = 128,
+                                 .split_rows = 512};
 constexpr int kMacsPerPackedElement = 32;
 
 }  // namespace

@@ -37,6 +37,13 @@ struct GemmBlocking {
   // block kc_once deep, and op(B) is packed nc_small columns at a time (kc_once × nc_small sized to stay in
   // L2 next to it).
   int64_t mc_once, kc_once, nc_small;
+  // The same for an op(B) = Bᵀ (k along B's rows, as for a weight stored [out, in]): the next block's
+  // source rows, prefetched into L2 while a block multiplies, are `ldb` apart, often a multiple of 4 KiB, so
+  // a short stretch of each row lands in a fraction of L2's sets; longer, fewer rows spread it. 0: as above.
+  int64_t kc_once_tb = 0, nc_small_tb = 0;
+  // A team splits a product of at most split_rows rows over columns, each thread all rows on the few-rows
+  // path, instead of sharing op(B) blocks on the tall one.
+  int64_t split_rows = 0;
 };
 
 constexpr int64_t round_up(int64_t x, int64_t m) {
@@ -232,12 +239,57 @@ struct AlignedFree {
   void operator()(void* p) const { ::operator delete[](p, std::align_val_t{64}); }
 };
 
+// Fetches the source of the op(B) block packed next into L2 while the current block multiplies, a line
+// every other k-slot of the micro-kernel's loop. Packing otherwise waits on L3 or memory for every line it
+// reads. Spread thin because a burst between micro-tiles (a few hundred lines) fills the core's miss buffers
+// and stalls the kernel's own loads for longer than it saves.
+struct SourcePrefetch {
+  const char* row = nullptr;  // the current source row
+  int64_t ld_bytes = 0, lines_per_row = 0;
+  int64_t line = 0;   // next line of the current row, counted from the line holding its first byte
+  int64_t left = 0;   // lines not yet fetched
+  int64_t quota = 0;  // lines the current micro-tile may fetch
+
+  template <class In>
+  SourcePrefetch(const In* src, int64_t ld, int64_t rows, int64_t row_elems)
+      : row(reinterpret_cast<const char*>(src)), ld_bytes(ld * static_cast<int64_t>(sizeof(In))) {
+    // A row that starts mid-line spans one line more than its length rounds to: the walk covers it, and at
+    // worst fetches a line past a row's end (a prefetch never faults).
+    lines_per_row = ceil_div(row_elems * static_cast<int64_t>(sizeof(In)) + 63, 64);
+    left = rows * lines_per_row;
+  }
+  SourcePrefetch() = default;
+
+  // The kernels' hook: one line, while the tile's quota lasts.
+  void step() {
+    if (quota <= 0) return;
+    --quota, --left;
+    const uintptr_t first = reinterpret_cast<uintptr_t>(row) & ~uintptr_t{63};
+    __builtin_prefetch(reinterpret_cast<const void*>(first + static_cast<uintptr_t>(line) * 64), 0, 2);
+    if (++line == lines_per_row) line = 0, row += ld_bytes;
+  }
+  void finish() {
+    quota = left;
+    while (quota > 0) step();
+  }
+};
+
+// The source rectangle pack_b reads for op(B)[p0 : p0+depth, j0 : j0+cols].
+template <class In>
+SourcePrefetch b_source(const In* b, int64_t ldb, bool trans, int64_t p0, int64_t depth, int64_t j0,
+                        int64_t cols) {
+  return trans ? SourcePrefetch(b + j0 * ldb + p0, ldb, cols, depth)
+               : SourcePrefetch(b + p0 * ldb + j0, ldb, depth, cols);
+}
+
 // Multiplies one packed block: the op(A) rows [0, mb) packed at `ap` by the op(B) columns [0, nb) packed at
-// `bp`, into C at `c` (row ic, column jc of the caller's C).
+// `bp`, into C at `c` (row ic, column jc of the caller's C). `source`, when given, is fetched over the block.
 template <class K>
 void multiply_block(const typename K::Packed* ap, const typename K::Packed* bp, int64_t slots, int64_t mb,
-                    int64_t nb, float* c, int64_t ldc, bool load_c) {
+                    int64_t nb, float* c, int64_t ldc, bool load_c, SourcePrefetch* source = nullptr) {
   constexpr int MR = K::mr, NR = K::nr, KP = K::kpack;
+  const int64_t tiles = ceil_div(nb, NR) * ceil_div(mb, MR);
+  int64_t tile = 0;
   for (int64_t jr = 0; jr < nb; jr += NR) {
     const typename K::Packed* bpanel = bp + jr * slots * KP;
     for (int64_t ir = 0; ir < mb; ir += MR) {
@@ -253,18 +305,21 @@ void multiply_block(const typename K::Packed* ap, const typename K::Packed* bp, 
             __builtin_prefetch(row + j, 1, 3);
         }
       }
+      if (source) source->quota = ceil_div(source->left, tiles - tile++);
       K::run(slots, ap + ir * slots * KP, bpanel, c + ir * ldc + jr, ldc, std::min<int64_t>(MR, mb - ir),
-             std::min<int64_t>(NR, nb - jr), load_c);
+             std::min<int64_t>(NR, nb - jr), load_c, source);
     }
   }
+  if (source) source->finish();  // what short k blocks left over
 }
 
 // Kernel requirements: static constexpr int mr, nr, kpack; using Packed; and
 //   static void run(int64_t slots, const Packed* a_panel, const Packed* b_panel, float* c, int64_t ldc,
-//                   int64_t rows, int64_t cols, bool load_c);
+//                   int64_t rows, int64_t cols, bool load_c, SourcePrefetch* source);
 // computing the full mr × nr tile over `slots` k-slots (starting from C where load_c, else zero) and storing
-// its first rows × cols elements. `flops_per_pack` weighs one packed element against multiply-adds in the
-// grid choice (roughly the kernel's multiply-adds per cycle).
+// its first rows × cols elements; where `source` is given, calling source->step() every other k-slot.
+// `flops_per_pack` weighs one packed element against multiply-adds in the grid choice (roughly the kernel's
+// multiply-adds per cycle).
 //
 // Threads split C over a tm × tn grid. With tn = 1 (tall products: the experts' forward, dX and the weight
 // gradient) every thread multiplies the same op(B) block, so the team packs each block once, each thread a
@@ -285,8 +340,11 @@ void gemm_blocked(const GemmArgs<In, float>& g, GemmBlocking blk, int flops_per_
   // The few-rows path (below): all of a thread's rows in one op(A) block, kc_once deep, and op(B) blocks of
   // nc_small columns.
   const int64_t mc_once = std::min(round_up(std::max(blk.mc_once, blk.mc), MR), round_up(m, MR));
-  const int64_t kc_once = std::min(round_up(blk.kc_once, KP), round_up(k, KP));
-  const int64_t nc_once = std::min(round_up(blk.nc_small, NR), round_up(n, NR));
+  const bool rows_along_k = g.trans_b && blk.kc_once_tb > 0;
+  const int64_t kc_once =
+      std::min(round_up(rows_along_k ? blk.kc_once_tb : blk.kc_once, KP), round_up(k, KP));
+  const int64_t nc_once =
+      std::min(round_up(rows_along_k ? blk.nc_small_tb : blk.nc_small, NR), round_up(n, NR));
   const int64_t a_elems = round_up(std::max(mc * kc, mc_once * kc_once), 64),
                 b_elems = round_up(std::max(kc * nc, kc_once * nc_once), 64);
 
@@ -303,6 +361,10 @@ void gemm_blocked(const GemmArgs<In, float>& g, GemmBlocking blk, int flops_per_
     const int team = omp_get_num_threads(), tid = omp_get_thread_num();
     int tm = 1, tn = 1;
     choose_grid(m, n, k, MR, NR, nc, flops_per_pack, team, tm, tn);
+    // Up to split_rows rows the team splits the columns instead, each thread all rows on the few-rows path
+    // (the model above has no term for that path's L2-resident blocks and prefetched source).
+    if (team > 1 && round_up(m, MR) <= std::min(mc_once, blk.split_rows) && ceil_div(n, NR) >= team)
+      tm = 1, tn = team;
     const bool shared_b = team > 1 && tn == 1;  // then tm == team: every thread has rows
     P* ap = buffer.get() + static_cast<int64_t>(tid) * a_elems;
     P* b_base = buffer.get() + a_elems * threads;
@@ -316,9 +378,14 @@ void gemm_blocked(const GemmArgs<In, float>& g, GemmBlocking blk, int flops_per_
       // a loaded machine, where each barrier can wait for a descheduled thread).
       const int64_t rows_max = ceil_div(ceil_div(m, MR), tm) * MR;
       const bool a_once = !shared_b && rows_max <= mc_once;
-      const int64_t ncb = a_once ? nc_once : nc, kcb = a_once ? kc_once : kc, mcb = a_once ? mc_once : mc;
+      // mc blocks of equal size: 512 rows in blocks of 168 left a block of 8 that re-read the whole packed
+      // op(B) block for them.
+      const int64_t mc_even =
+          round_up(ceil_div(r.m1 - r.m0, std::max<int64_t>(1, ceil_div(r.m1 - r.m0, mc))), MR);
+      const int64_t ncb = a_once ? nc_once : nc, kcb = a_once ? kc_once : kc,
+                    mcb = a_once ? mc_once : std::max<int64_t>(MR, mc_even);
       int64_t block = 0;
-      auto step = [&](int64_t jc, int64_t pc, bool pack_a_now) {
+      auto step = [&](int64_t jc, int64_t pc, bool pack_a_now, SourcePrefetch* next) {
         const int64_t nb = std::min(ncb, r.n1 - jc);
         const int64_t kb = std::min(kcb, k - pc), slots = ceil_div(kb, KP);
         const bool load_c = g.accumulate || pc > 0;
@@ -336,15 +403,25 @@ void gemm_blocked(const GemmArgs<In, float>& g, GemmBlocking blk, int flops_per_
         for (int64_t ic = r.m0; ic < r.m1; ic += mcb) {
           const int64_t mb = std::min(mcb, r.m1 - ic);
           if (pack_a_now) pack_a<MR, KP>(g.a, g.lda, g.trans_a, ic, mb, pc, kb, ap);
-          multiply_block<K>(ap, bp, slots, mb, nb, g.c + ic * g.ldc + jc, g.ldc, load_c);
+          multiply_block<K>(ap, bp, slots, mb, nb, g.c + ic * g.ldc + jc, g.ldc, load_c, next);
         }
       };
       if (a_once) {
-        for (int64_t pc = 0; pc < k; pc += kcb)
-          for (int64_t jc = r.n0; jc < r.n1; jc += ncb) step(jc, pc, jc == r.n0);
+        // The narrow op(B) blocks fit L2 next to op(A): each block's source is fetched while the one before
+        // it multiplies.
+        for (int64_t pc = 0; pc < k; pc += kcb) {
+          for (int64_t jc = r.n0; jc < r.n1; jc += ncb) {
+            int64_t pn = pc, jn = jc + ncb;
+            if (jn >= r.n1) pn += kcb, jn = r.n0;
+            SourcePrefetch next;
+            if (pn < k)
+              next = b_source(g.b, g.ldb, g.trans_b, pn, std::min(kcb, k - pn), jn, std::min(ncb, r.n1 - jn));
+            step(jc, pc, jc == r.n0, pn < k ? &next : nullptr);
+          }
+        }
       } else {
         for (int64_t jc = r.n0; jc < r.n1; jc += nc)
-          for (int64_t pc = 0; pc < k; pc += kc) step(jc, pc, true);
+          for (int64_t pc = 0; pc < k; pc += kc) step(jc, pc, true, nullptr);
       }
     }
   }
