@@ -98,6 +98,17 @@ std::string open_error(const std::string& dir) {
 
 #define EXPECT_HAS(msg, text) EXPECT_NE((msg).find(text), std::string::npos) << (msg)
 
+// Two shards and their index: x [4] in a.safetensors (beside "extra" [1], which the index does not name) and
+// y [2, 3] in b.safetensors, all F32.
+void write_two_shards(const TempDir& dir) {
+  write_config(dir);
+  save(dir / "a.safetensors", {f32_tensor("x", {4}), f32_tensor("extra", {1})});
+  save(dir / "b.safetensors", {f32_tensor("y", {2, 3})});
+  write_file(
+      dir / "model.safetensors.index.json",
+      R"({"metadata": {"total_size": 40}, "weight_map": {"x": "a.safetensors", "y": "b.safetensors"}})");
+}
+
 TEST(Checkpoint, OpensSingleFile) {
   TempDir dir;
   write_config(dir);
@@ -251,12 +262,7 @@ TEST(Checkpoint, UnalignedDataConverts) {
 
 TEST(Checkpoint, OpensShardsFromIndex) {
   TempDir dir;
-  write_config(dir);
-  save(dir / "a.safetensors", {f32_tensor("x", {4}), f32_tensor("extra", {1})});
-  save(dir / "b.safetensors", {f32_tensor("y", {2, 3})});
-  write_file(
-      dir / "model.safetensors.index.json",
-      R"({"metadata": {"total_size": 40}, "weight_map": {"x": "a.safetensors", "y": "b.safetensors"}})");
+  write_two_shards(dir);
   const Checkpoint c = Checkpoint::open(dir.path());
   EXPECT_EQ(c.tensor_names(), (std::vector<std::string>{"x", "y"}));
   // Tensors a shard holds but the index does not name are ignored.
@@ -269,12 +275,7 @@ TEST(Checkpoint, OpensShardsFromIndex) {
 
 TEST(Checkpoint, PrefaultCoversEveryIndexedTensorWithProgress) {
   TempDir dir;
-  write_config(dir);
-  save(dir / "a.safetensors", {f32_tensor("x", {4}), f32_tensor("extra", {1})});
-  save(dir / "b.safetensors", {f32_tensor("y", {2, 3})});
-  write_file(
-      dir / "model.safetensors.index.json",
-      R"({"metadata": {"total_size": 40}, "weight_map": {"x": "a.safetensors", "y": "b.safetensors"}})");
+  write_two_shards(dir);
   const Checkpoint c = Checkpoint::open(dir.path());
   std::vector<std::pair<size_t, size_t>> calls;
   const Checkpoint::PrefaultResult r =
