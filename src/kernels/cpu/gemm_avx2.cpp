@@ -18,12 +18,12 @@ struct KernelF32 {
 
   static void run(int64_t slots, const float* a, const float* b, float* c, int64_t ldc, int64_t rows,
                   int64_t cols, bool load_c, SourcePrefetch* source) {
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    __m256i mask[NV];
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v)
-      mask[v] = _mm256_cmpgt_epi32(
-          _mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(cols - 8 * v, 0, 8))), lane);
+    // Masks are made where they are used: kept live across the k loop, they took two of the sixteen ymm
+    // registers and GCC spilled them (or an accumulator) inside it.
+    auto mask = [cols](int v) {
+      return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(cols - 8 * v, 0, 8))),
+                                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    };
     // VMASKMOVPS stores are microcoded on AMD cores (many cycles each), so only edge tiles use masks. This,
     // the op(B) prefetch, the unrolled k loop and kc 512 together took 2048³ and the expert shapes from ~80
     // to ~95 GFLOP/s on one Zen 4 core (interleaved A/B, CPU time).
@@ -35,11 +35,9 @@ struct KernelF32 {
       for (int v = 0; v < NV; ++v)
         acc[i][v] = !load_c || i >= rows ? _mm256_setzero_ps()
                     : full               ? _mm256_loadu_ps(c + i * ldc + 8 * v)
-                                         : _mm256_maskload_ps(c + i * ldc + 8 * v, mask[v]);
+                                         : _mm256_maskload_ps(c + i * ldc + 8 * v, mask(v));
     }
-#pragma GCC unroll 4
-    for (int64_t s = 0; s < slots; ++s) {
-      if (source && (s & 1)) source->step();
+    auto slot = [&](int64_t s) __attribute__((always_inline)) {
 #pragma GCC unroll 8
       for (int v = 0; v < NV; v += 2)
         _mm_prefetch(reinterpret_cast<const char*>(b + (s + kPrefetch) * nr + 8 * v), _MM_HINT_T0);
@@ -52,6 +50,21 @@ struct KernelF32 {
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) acc[i][v] = _mm256_fmadd_ps(av, bv[v], acc[i][v]);
       }
+    };
+    // The source hook once per pair of k-slots, and a loop without it when there is none: a test of
+    // `source` and of the slot's parity in every slot cost 2–7 % (tall TN at k = 64 the most).
+    if (source) {
+      int64_t s = 0;
+#pragma GCC unroll 2
+      for (; s + 1 < slots; s += 2) {
+        slot(s);
+        source->step();
+        slot(s + 1);
+      }
+      if (s < slots) slot(s);
+    } else {
+#pragma GCC unroll 4
+      for (int64_t s = 0; s < slots; ++s) slot(s);
     }
     if (full) {
 #pragma GCC unroll 16
@@ -65,7 +78,7 @@ struct KernelF32 {
     for (int i = 0; i < MR; ++i) {
       if (i >= rows) break;
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) _mm256_maskstore_ps(c + i * ldc + 8 * v, mask[v], acc[i][v]);
+      for (int v = 0; v < NV; ++v) _mm256_maskstore_ps(c + i * ldc + 8 * v, mask(v), acc[i][v]);
     }
   }
 };
