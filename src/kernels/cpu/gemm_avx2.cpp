@@ -30,8 +30,8 @@ struct KernelF32 {
   template <int R>
   static void tile(int64_t slots, const float* a, const float* b, float* c, int64_t ldc, int64_t rows,
                    int64_t cols, bool load_c, SourcePrefetch* source) {
-    // Masks are made where they are used: kept live across the k loop, they took two of the sixteen ymm
-    // registers and GCC spilled them (or an accumulator) inside it.
+    // Masks are made where they are used: live across the k loop below they took two of the sixteen ymm
+    // registers, and GCC spilled inside the loop.
     auto mask = [cols](int v) {
       return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::clamp<int64_t>(cols - 8 * v, 0, 8))),
                                 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -63,8 +63,8 @@ struct KernelF32 {
         for (int v = 0; v < NV; ++v) acc[i][v] = _mm256_fmadd_ps(av, bv[v], acc[i][v]);
       }
     };
-    // The source hook once per pair of k-slots, and a loop without it when there is none: a test of
-    // `source` and of the slot's parity in every slot cost 2–7 % (tall TN at k = 64 the most).
+    // The source hook once per pair of k-slots, and a loop without it when there is none: testing `source`
+    // and the slot's parity in every slot cost 1–3 % at 64–512 × 2048 × 2048 NN.
     if (source) {
       int64_t s = 0;
 #pragma GCC unroll 2
