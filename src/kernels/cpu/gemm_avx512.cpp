@@ -68,6 +68,10 @@ using Kernel = KernelF32<8, 3>;
 // between).
 // Two threads (process CPU time per thread, interleaved): splitting columns up to 512 rows took 64–512 ×
 // 2048 × 2048 from 0.55–0.96× oneDNN to 0.92–1.1× (the shared tall path left 32 rows a thread at 64).
+// Tiles rows outer (as at AVX2; the 8 × 512 op(A) micro-panel is 16 KiB, the 512 × 48 op(B) one 96 KiB, more
+// than L1): ratio to the best peer 1.01 → 1.08–1.10 at 2048 × 2048 × 64 TN, 0.96–0.98 → 1.01 at 2048³ NT,
+// 1.01 → 1.03 at 512 × 2048 × 2048 NN, 1.04–1.05 → 1.05–1.09 at 8192 × 2048 × 2048 NN, level at 64–512 NT.
+// (At VDPBF16PS it measured level, within 1–2 %, so that level keeps the old order.)
 constexpr GemmBlocking kBlocking{.mc = 8 * 21,
                                  .kc = 512,
                                  .nc = 2048,
@@ -76,7 +80,8 @@ constexpr GemmBlocking kBlocking{.mc = 8 * 21,
                                  .nc_small = 64,
                                  .kc_once_tb = 1024,
                                  .nc_small_tb = 48,
-                                 .split_rows = 512};
+                                 .split_rows = 512,
+                                 .rows_outer = true};
 constexpr int kMacsPerPackedElement = 16;
 
 }  // namespace

@@ -44,6 +44,11 @@ struct GemmBlocking {
   // A team splits a product of at most split_rows rows over columns, each thread all rows on the few-rows
   // path, instead of sharing op(B) blocks on the tall one.
   int64_t split_rows = 0;
+  // The tile order within a packed block. false: each op(B) micro-panel (kc × nr) against all of the
+  // block's op(A) micro-panels, which stream past it. true: each op(A) micro-panel (mr × kc, small enough to
+  // stay in L1) against all of the op(B) block's, which stream from L2, as GotoBLAS's inner kernel does (at
+  // AVX2 it measured ahead on the tall path too, whose 512 × 2048 op(B) blocks exceed L2).
+  bool rows_outer = false;
 };
 
 constexpr int64_t round_up(int64_t x, int64_t m) {
@@ -247,7 +252,7 @@ struct SourcePrefetch {
   const char* row = nullptr;  // the current source row
   int64_t ld_bytes = 0, lines_per_row = 0;
   int64_t line = 0;   // next line of the current row, counted from the line holding its first byte
-  int64_t left = 0;   // lines not yet fetched
+  int64_t left = 0;   // lines not yet fetched, less the current quota
   int64_t quota = 0;  // lines the current micro-tile may fetch
 
   template <class In>
@@ -260,16 +265,24 @@ struct SourcePrefetch {
   }
   SourcePrefetch() = default;
 
-  // The kernels' hook: one line, while the tile's quota lasts.
+  // The kernels' hook: one line, while the tile's quota lasts. It touches `quota` alone: GCC merged a
+  // decrement of `left` next to it into one SSE add, whose xmm register the AVX2 kernel's k loop (15 of 16
+  // ymm registers live) paid for by spilling an accumulator.
   void step() {
     if (quota <= 0) return;
-    --quota, --left;
+    --quota;
     const uintptr_t first = reinterpret_cast<uintptr_t>(row) & ~uintptr_t{63};
     __builtin_prefetch(reinterpret_cast<const void*>(first + static_cast<uintptr_t>(line) * 64), 0, 2);
     if (++line == lines_per_row) line = 0, row += ld_bytes;
   }
+  // Hands the next micro-tile its share of the lines not yet fetched, `tiles` tiles to go including it.
+  void share(int64_t tiles) {
+    left += quota;  // what the tile before left unfetched
+    quota = ceil_div(left, tiles);
+    left -= quota;
+  }
   void finish() {
-    quota = left;
+    quota += left, left = 0;
     while (quota > 0) step();
   }
 };
@@ -284,31 +297,39 @@ SourcePrefetch b_source(const In* b, int64_t ldb, bool trans, int64_t p0, int64_
 
 // Multiplies one packed block: the op(A) rows [0, mb) packed at `ap` by the op(B) columns [0, nb) packed at
 // `bp`, into C at `c` (row ic, column jc of the caller's C). `source`, when given, is fetched over the block.
+// `rows_outer` (GemmBlocking) picks the tile order: each op(A) micro-panel against every op(B) micro-panel
+// of the block, or each op(B) micro-panel against every op(A) one.
 template <class K>
 void multiply_block(const typename K::Packed* ap, const typename K::Packed* bp, int64_t slots, int64_t mb,
-                    int64_t nb, float* c, int64_t ldc, bool load_c, SourcePrefetch* source = nullptr) {
+                    int64_t nb, float* c, int64_t ldc, bool load_c, bool rows_outer,
+                    SourcePrefetch* source = nullptr) {
   constexpr int MR = K::mr, NR = K::nr, KP = K::kpack;
   const int64_t tiles = ceil_div(nb, NR) * ceil_div(mb, MR);
   int64_t tile = 0;
-  for (int64_t jr = 0; jr < nb; jr += NR) {
-    const typename K::Packed* bpanel = bp + jr * slots * KP;
-    for (int64_t ir = 0; ir < mb; ir += MR) {
-      // C tiles lie rows apart (often a multiple of 4 KiB, so they conflict in L1); fetching the next tile
-      // while this one multiplies hides that latency from the kernel's C loads.
-      const int64_t next = ir + MR < mb ? ir + MR : 0;
-      const int64_t next_j = ir + MR < mb ? jr : jr + NR;
-      if (load_c && next_j < nb) {
-        const int64_t rows = std::min<int64_t>(MR, mb - next);
-        for (int64_t i = 0; i < rows; ++i) {
-          const float* row = c + (next + i) * ldc + next_j;
-          for (int64_t j = 0; j < std::min<int64_t>(NR, nb - next_j); j += 16)
-            __builtin_prefetch(row + j, 1, 3);
-        }
+  // The tile at (ir, jr), and a prefetch of the one at (next_i, next_j) that runs after it.
+  auto run_tile = [&](int64_t ir, int64_t jr, int64_t next_i, int64_t next_j) {
+    // C tiles lie rows apart (often a multiple of 4 KiB, so they conflict in L1); fetching the next tile
+    // while this one multiplies hides that latency from the kernel's C loads.
+    if (load_c && next_i < mb && next_j < nb) {
+      const int64_t rows = std::min<int64_t>(MR, mb - next_i);
+      for (int64_t i = 0; i < rows; ++i) {
+        const float* row = c + (next_i + i) * ldc + next_j;
+        for (int64_t j = 0; j < std::min<int64_t>(NR, nb - next_j); j += 16)
+          __builtin_prefetch(row + j, 1, 3);
       }
-      if (source) source->quota = ceil_div(source->left, tiles - tile++);
-      K::run(slots, ap + ir * slots * KP, bpanel, c + ir * ldc + jr, ldc, std::min<int64_t>(MR, mb - ir),
-             std::min<int64_t>(NR, nb - jr), load_c, source);
     }
+    if (source) source->share(tiles - tile++);
+    K::run(slots, ap + ir * slots * KP, bp + jr * slots * KP, c + ir * ldc + jr, ldc,
+           std::min<int64_t>(MR, mb - ir), std::min<int64_t>(NR, nb - jr), load_c, source);
+  };
+  if (rows_outer) {
+    for (int64_t ir = 0; ir < mb; ir += MR)
+      for (int64_t jr = 0; jr < nb; jr += NR)
+        run_tile(ir, jr, jr + NR < nb ? ir : ir + MR, jr + NR < nb ? jr + NR : 0);
+  } else {
+    for (int64_t jr = 0; jr < nb; jr += NR)
+      for (int64_t ir = 0; ir < mb; ir += MR)
+        run_tile(ir, jr, ir + MR < mb ? ir + MR : 0, ir + MR < mb ? jr : jr + NR);
   }
   if (source) source->finish();  // what short k blocks left over
 }
@@ -403,7 +424,8 @@ void gemm_blocked(const GemmArgs<In, float>& g, GemmBlocking blk, int flops_per_
         for (int64_t ic = r.m0; ic < r.m1; ic += mcb) {
           const int64_t mb = std::min(mcb, r.m1 - ic);
           if (pack_a_now) pack_a<MR, KP>(g.a, g.lda, g.trans_a, ic, mb, pc, kb, ap);
-          multiply_block<K>(ap, bp, slots, mb, nb, g.c + ic * g.ldc + jc, g.ldc, load_c, next);
+          multiply_block<K>(ap, bp, slots, mb, nb, g.c + ic * g.ldc + jc, g.ldc, load_c, blk.rows_outer,
+                            next);
         }
       };
       if (a_once) {
