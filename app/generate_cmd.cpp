@@ -283,9 +283,9 @@ int run_generate(const GenerateOptions& o) {
 
   const DType dtype = parse_dtype(o.dtype);
   const kernels::MatmulPrecision precision = effective_matmul_precision(o.matmul_precision, o.isa, dtype);
-  bundle.load_weights(dtype, o.isa, precision, llm::parse_prefault_mode(o.prefault));
-  // Said when it did not happen unasked (the progress bar reports the bytes when it did).
-  if (bundle.prefault.error != 0 || (!bundle.prefault.decision.prefault && o.prefault == "auto"))
+  const llm::PrefaultMode prefault_mode = llm::parse_prefault_mode(o.prefault);
+  bundle.load_weights(dtype, o.isa, precision, prefault_mode);
+  if (bundle.prefault.worth_saying(prefault_mode))
     std::fprintf(stderr, "%s\n", bundle.prefault.summary().c_str());
   const std::unique_ptr<llm::CausalLM>& model = bundle.model;
   // Opening the checkpoint and building the model (tokenizer and template reading included, both small).

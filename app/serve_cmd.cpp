@@ -105,9 +105,9 @@ int run_serve(const ServeOptions& o) {
              " (config max_position_embeddings); give --max-seq-len");
   const DType dtype = parse_dtype(o.dtype);
   const kernels::MatmulPrecision precision = effective_matmul_precision(o.matmul_precision, o.isa, dtype);
-  bundle.load_weights(dtype, o.isa, precision,
-                      llm::parse_prefault_mode(o.prefault));  // Ctrl-C still ends the process here
-  if (bundle.prefault.error != 0 || (!bundle.prefault.decision.prefault && o.prefault == "auto"))
+  const llm::PrefaultMode prefault_mode = llm::parse_prefault_mode(o.prefault);
+  bundle.load_weights(dtype, o.isa, precision, prefault_mode);  // Ctrl-C still ends the process here
+  if (bundle.prefault.worth_saying(prefault_mode))
     std::fprintf(stderr, "xmoe serve: %s\n", bundle.prefault.summary().c_str());
 
   // From now on SIGINT/SIGTERM are blocked in every thread and taken by sigwait below, so no work happens in

@@ -37,6 +37,11 @@ struct PrefaultReport {
   int error = 0;     // errno when the kernel refused (the weights are then faulted in as they are read)
   std::string file;  // the file it failed on
   std::string summary() const;  // one line, no newline
+  // Whether to print the summary right after the load: when the kernel refused, or when `requested`
+  // (automatic) decided against it; otherwise the progress bar has said it.
+  bool worth_saying(PrefaultMode requested) const {
+    return error != 0 || (!decision.prefault && requested == PrefaultMode::automatic);
+  }
 };
 
 }  // namespace xmoe::llm

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "moe/parallel.hpp"
 
@@ -25,19 +26,18 @@ void rms_norm_rows(const float* in, float* out, int64_t rows, int64_t dim, int64
       // stays at f32 rounding whatever the order torch uses.
       double ss[kRowsTogether] = {};
       const float* x = in + r0 * stride;
-      if (n == kRowsTogether) {
+      // `count` is a compile-time constant for full groups, so those loops unroll across the rows.
+      const auto sum_squares = [&](auto count) {
         for (int64_t i = 0; i < dim; ++i)
-          for (int64_t j = 0; j < kRowsTogether; ++j) {
+          for (int64_t j = 0; j < count; ++j) {
             const double v = x[j * stride + i];
             ss[j] += v * v;
           }
-      } else {
-        for (int64_t i = 0; i < dim; ++i)
-          for (int64_t j = 0; j < n; ++j) {
-            const double v = x[j * stride + i];
-            ss[j] += v * v;
-          }
-      }
+      };
+      if (n == kRowsTogether)
+        sum_squares(std::integral_constant<int64_t, kRowsTogether>{});
+      else
+        sum_squares(n);
       for (int64_t j = 0; j < n; ++j) {
         const float* xr = x + j * stride;
         float* y = out + (r0 + j) * stride;
