@@ -49,12 +49,34 @@ void PenaltyState::apply(const SamplingParams& params, std::span<float> logits) 
   }
 }
 
+// A scan that carries the best index so far waits on the previous comparison at every logit (3.5 ns each
+// on Zen 4: 0.5 ms for a 152k vocabulary, a batch-1 decode step's largest serial part). Instead the largest
+// value is found by independent lanes, which vectorise, and then its first position. The answer is the
+// scan's (tests/llm/test_sampler.cpp keeps it as the reference): a NaN never wins unless it is first, when
+// nothing can beat it; ties, -0 with +0 included, go to the lowest id.
 int32_t argmax_token(std::span<const float> logits) {
   XMOE_CHECK(!logits.empty(), "sampler: empty logits row");
-  int32_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i)
-    if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
-  return best;
+  const float first = logits[0];
+  if (std::isnan(first)) return 0;
+  constexpr size_t kLanes = 16;
+  const size_t n = logits.size(), whole = n / kLanes * kLanes;
+  float lane_best[kLanes];
+  std::fill(lane_best, lane_best + kLanes, first);
+  for (size_t i = 0; i < whole; i += kLanes)
+    for (size_t l = 0; l < kLanes; ++l)
+      lane_best[l] = logits[i + l] > lane_best[l] ? logits[i + l] : lane_best[l];
+  float best = first;
+  for (const float v : lane_best) best = v > best ? v : best;
+  for (size_t i = whole; i < n; ++i) best = logits[i] > best ? logits[i] : best;
+  for (size_t i = 0; i < whole; i += kLanes) {
+    bool here = false;
+    for (size_t l = 0; l < kLanes; ++l) here |= logits[i + l] == best;
+    if (!here) continue;
+    for (size_t l = 0;; ++l)
+      if (logits[i + l] == best) return static_cast<int32_t>(i + l);
+  }
+  for (size_t i = whole;; ++i)
+    if (logits[i] == best) return static_cast<int32_t>(i);
 }
 
 namespace {

@@ -79,6 +79,42 @@ TEST(Sampler, GreedyIgnoresFiltersAndBreaksTiesByLowestId) {
   EXPECT_EQ(sampler.sample(row, PenaltyState{}, 0), 1);
 }
 
+// The plain definition of greedy: one scan keeping the first strictly larger logit (NaN never is).
+int32_t argmax_reference(const std::vector<float>& logits) {
+  int32_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
+  return best;
+}
+
+TEST(Sampler, ArgmaxMatchesAPlainScan) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::uniform_int_distribution<int> coin(0, 99);
+  // Vocabularies around the 16-lane blocks, a real one; values with few distinct levels (many ties), ±0,
+  // ±inf and NaN sprinkled in, the maximum anywhere.
+  for (const size_t vocab :
+       {size_t{1}, size_t{2}, size_t{15}, size_t{16}, size_t{17}, size_t{33}, size_t{1000}, size_t{151936}}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<float> logits(vocab);
+      const bool coarse = trial % 2 == 0;
+      for (float& l : logits) {
+        const int c = coin(rng);
+        l = c < 3 ? NAN : c < 5 ? -INFINITY : c < 7 ? 0.0f : c < 9 ? -0.0f : normal(rng);
+        if (coarse && std::isfinite(l)) l = std::round(l);
+      }
+      if (trial % 5 == 1) logits[0] = NAN;
+      if (trial % 5 == 2) logits[vocab - 1] = INFINITY;
+      if (trial % 5 == 3)
+        for (float& l : logits) l = std::isnan(l) ? l : (coin(rng) < 50 ? 0.0f : -0.0f);
+      if (trial % 5 == 4)
+        for (float& l : logits) l = NAN;
+      SCOPED_TRACE(::testing::Message() << "vocab " << vocab << ", trial " << trial);
+      EXPECT_EQ(argmax_token(logits), argmax_reference(logits));
+    }
+  }
+}
+
 // The plain definition of top-p: a full sort, then the HF rule on ascending cumulative probabilities.
 std::vector<int32_t> top_p_reference(const std::vector<float>& logits, double top_p) {
   std::vector<int32_t> order;
