@@ -36,4 +36,10 @@ inline float dpbf16_lane(float acc, uint16_t a0, uint16_t a1, uint16_t b0, uint1
   return flush_denormal(std::fma(bf16_operand(a0), bf16_operand(b0), acc));
 }
 
+namespace reference {
+// One output of the arithmetic above: x and w rows as bf16 bits, `steps` · 32 of each (zeros past k).
+// Defined in the reference file, so no vector-ISA copy of it exists.
+float bf16dot_row(const uint16_t* xb, const uint16_t* wb, int64_t steps);
+}  // namespace reference
+
 }  // namespace xmoe::kernels

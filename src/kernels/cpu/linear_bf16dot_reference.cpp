@@ -9,6 +9,16 @@
 
 namespace xmoe::kernels::reference {
 
+float bf16dot_row(const uint16_t* xb, const uint16_t* wb, int64_t steps) {
+  float lanes[16] = {};
+  for (int64_t s = 0; s < steps; ++s)
+    for (int l = 0; l < 16; ++l) {
+      const int64_t p = s * kBf16DotStep + 2 * l;
+      lanes[l] = dpbf16_lane(lanes[l], xb[p], xb[p + 1], wb[p], wb[p + 1]);
+    }
+  return reduce_lanes(lanes);
+}
+
 void linear_bf16_medium(const LinearArgs& a) {
   const PackedWeight& w = *a.w;
   const int64_t k = w.cols, steps = (k + kBf16DotStep - 1) / kBf16DotStep, padded = steps * kBf16DotStep;
@@ -18,13 +28,7 @@ void linear_bf16_medium(const LinearArgs& a) {
     std::memcpy(wb.data(), w.data + j * w.row_bytes, static_cast<size_t>(k) * 2);
     for (int64_t i = 0; i < a.m; ++i) {
       for (int64_t p = 0; p < k; ++p) xb[p] = bf16::from_float(a.x[i * a.ldx + p]);
-      float lanes[16] = {};
-      for (int64_t s = 0; s < steps; ++s)
-        for (int l = 0; l < 16; ++l) {
-          const int64_t p = s * kBf16DotStep + 2 * l;
-          lanes[l] = dpbf16_lane(lanes[l], xb[p], xb[p + 1], wb[p], wb[p + 1]);
-        }
-      a.y[i * a.ldy + j] = reduce_lanes(lanes);
+      a.y[i * a.ldy + j] = bf16dot_row(xb.data(), wb.data(), steps);
     }
   }
 }
