@@ -261,6 +261,49 @@ TEST(QuantMedium, Fp8InfiniteMultiplierOverTheKTail) {
   }
 }
 
+// FP8 activations are scaled before they are rounded (linear_quant_bf16dot.hpp): x · (q · 2^8) as an f32
+// product, then rounded to bf16 as VCVTNE2PS2BF16 does, an f32 subnormal product reading as zero. An
+// activation whose product is subnormal but would round up to the smallest normal bf16 must add nothing
+// (only the CPU's instruction decides this: the kernel must give the reference's bits), one whose product
+// overflows makes the output infinite (or NaN against a zero weight), a NaN activation NaN; in a decode batch
+// and in a panel batch, each row as it is alone.
+TEST(QuantMedium, Fp8ScaledActivationsRoundAsTheInstruction) {
+  const KernelTable* fast = medium_fast();
+  std::mt19937 rng(41);
+  const int64_t n = 3, k = 256;
+  std::vector<float> wv(static_cast<size_t>(n * k), 0.0f);
+  wv[5] = 448.0f;  // row 0: one E4M3 max code
+  for (int64_t p = 0; p < k; ++p) wv[static_cast<size_t>(k + p)] = std::ldexp(1.0f, static_cast<int>(p % 5));
+  for (int64_t p = 0; p < k; ++p) wv[static_cast<size_t>(2 * k + p)] = 0.5f;  // row 2
+  auto q = quantize_fp8_block(wv.data(), n, k);
+  for (size_t i = 0; i + 4 <= q.scales.size(); i += 4) {  // q = 1: the multiplier is 2^8
+    const float one = 1.0f;
+    std::memcpy(q.scales.data() + i, &one, 4);
+  }
+  const PackedWeight w = q.view();
+  float below_normal;  // an f32 subnormal just under 2^-126, divided by the multiplier
+  const uint32_t bits = 0x007FF000u;
+  std::memcpy(&below_normal, &bits, 4);
+  below_normal /= 256.0f;
+  std::vector<float> x(static_cast<size_t>(13 * k));
+  for (auto& v : x) v = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+  for (int64_t p = 0; p < k; ++p) x[static_cast<size_t>(p)] = 0.0f;
+  x[5] = below_normal;                    // row 0: the subnormal product alone
+  x[static_cast<size_t>(k + 9)] = 3e38f;  // row 1: a product past FLT_MAX
+  x[static_cast<size_t>(2 * k + 200)] = NAN;
+  const auto want = run(medium_reference(), w, x, 13, k, 0, n, n);
+  EXPECT_EQ(want[0], 0.0f);  // row 0 against weight row 0: nothing but the flushed product
+  EXPECT_TRUE(std::isinf(want[n + 1]) && want[n + 1] > 0);
+  EXPECT_TRUE(std::isnan(want[n + 0]));  // infinity times a zero weight
+  for (int64_t j = 0; j < n; ++j) EXPECT_TRUE(std::isnan(want[2 * n + j]));
+  for (int64_t j = 0; j < n; ++j) EXPECT_TRUE(std::isfinite(want[3 * n + j]) && want[3 * n + j] != 0.0f);
+  if (fast == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  ASSERT_GE(13, avx512_bf16::kQuantPanelMinRowsFp8);
+  expect_same(run(*fast, w, x, 13, k, 0, n, n), want, "fp8 scaled activations, panel batch");
+  const std::vector<float> x4(x.begin(), x.begin() + 4 * k), want4(want.begin(), want.begin() + 4 * n);
+  expect_same(run(*fast, w, x4, 4, k, 0, n, n), want4, "fp8 scaled activations, decode batch");
+}
+
 // Scale codes the fast decode leaves to the reference (MXFP4 0xFF and 0, NVFP4 0x7F), an NVFP4 global scale
 // ≥ 2^8 and E4M3 subnormal scales under denormals-are-zero: still the reference's bits.
 TEST(QuantMedium, Fp4ScaleEdgeCases) {

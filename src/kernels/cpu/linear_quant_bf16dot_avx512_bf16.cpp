@@ -7,13 +7,17 @@
 //    by 4, gives S.EEEE.MMM in bf16 position; the exponent rebiased by OR-ing 112 (value × 2^-8). E4M3
 //    subnormals and zeros (exponent 0) are replaced by a masked VPERMW from an 8-entry table, only in the
 //    chunks that hold one (a branch per chunk, rarely taken on trained or random weights).
-// Block scales multiply the f32 partial sums once per lane and chunk (one masked FMA per 32 FP4 or 64 FP8
-// weights and row). E8M0 / E4M3 scale codes become f32 by shifts, 32 codes of a row at a time; the codes
-// those shifts do not decode (NaN, negative NVFP4 and E8M0 0 scales, FP8 NaN elements) are rare enough to be
-// tracked by a running max/min, and a tile that met one is computed again by the reference.
-// x rows are rounded to bf16 once per call, in the chunk order the weights unpack to. Weight rows stream in
-// small groups (stream()), each group against every tile of x rows while it is in L1, the group after next
-// prefetched into L2 meanwhile.
+// FP4 block scales multiply the f32 partial sums once per lane and chunk (one masked FMA per 32 weights and
+// row); E8M0 / E4M3 scale codes become f32 by shifts, 32 codes of a row at a time; the codes those shifts do
+// not decode (NaN, negative NVFP4 and E8M0 0 scales) are rare enough to be tracked by a running max/min, and
+// a tile that met one is computed again by the reference. FP4 x rows are rounded to bf16 once per call, in
+// the chunk order the weights unpack to.
+// FP8 block scales multiply x instead: for each block of 128 weight rows, x rows are scaled by that block's
+// multiplier vector and rounded (VCVTNE2PS2BF16, even/odd split by VPERMT2W), and the products are plain
+// VDPBF16PS chains; NaN codes are tracked by a running max. Up to kQuantPanelMinRowsFp8 x rows, weight rows
+// stream in small groups (stream()), each group against every tile of x rows while it is in L1, the group
+// after next prefetched into L2 meanwhile; from there, groups of rows are decoded into a bf16 panel and
+// bf16dot_tiles_avx512_bf16.hpp's tiles (the BF16 linear's) run over it.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -22,8 +26,10 @@
 #include <cstring>
 #include <memory>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/bf16dot_lanes_avx512_bf16.hpp"
+#include "kernels/cpu/bf16dot_tiles_avx512_bf16.hpp"
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/cpu/linear_quant_bf16dot.hpp"
 #include "kernels/cpu/linear_quant_bf16dot_panel_avx512_bf16.hpp"
@@ -39,45 +45,80 @@ struct FreeDeleter {
 };
 using Buffer = std::unique_ptr<uint16_t[], FreeDeleter>;
 
-// x rows [0, m) as bf16 in chunk order: position c + 32·s + 2·l + h holds element c + (C/16)·l + (C/32)·h + s
-// (zeros past k); rows `padded` apart.
-Buffer pack_x(const LinearArgs& a, int64_t chunk, int64_t padded) {
-  const int64_t k = a.w->cols;
-  Buffer out(static_cast<uint16_t*>(std::aligned_alloc(64, static_cast<size_t>((a.m + 1) * padded * 2))));
-  XMOE_CHECK(out != nullptr, "linear: out of memory for ", a.m, " bf16 rows of ", k);
-  uint16_t* plain = out.get() + a.m * padded;  // the last slot: one row in k order
-  // Step s's word 2l + h takes element (C/16)·l + (C/32)·h + s of its chunk; VPERMT2W reads 64 words, so
-  // C = 128 takes words 0..15 from elements 0..63 and 16..31 from 64..127 with the same indices mod 64.
+Buffer aligned_words(int64_t words) {
+  Buffer out(static_cast<uint16_t*>(std::aligned_alloc(64, static_cast<size_t>((words + 31) / 32 * 64))));
+  XMOE_CHECK(out != nullptr, "linear: out of memory for ", words, " bf16 words");
+  return out;
+}
+
+// The FP8 panel path prefetches the raw rows of the group this many groups on (as the BF16 linear does).
+constexpr int64_t kFp8Ahead = 2;
+
+// FP4 x rows [0, m) (ldx apart) as bf16 in chunk order: position c + 32·s + 2·l + h holds element c + 8·l +
+// 4·h + s (zeros past k); rows `padded` apart from out, which has room for m + 1 rows (the last: one row in
+// k order).
+void pack_fp4_x(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t padded, uint16_t* out) {
+  uint16_t* plain = out + m * padded;
+  // Step s's word 2l + h takes element 8·l + 4·h + s of its chunk; VPERMT2W reads 64 words, so words 0..15
+  // come from elements 0..63 and 16..31 from 64..127 with the same indices mod 64.
   __m512i order[4];
-  for (int s = 0; s < chunk / 32; ++s) {
+  for (int s = 0; s < 4; ++s) {
     alignas(64) uint16_t idx[32];
     for (int l = 0; l < 16; ++l)
-      for (int h = 0; h < 2; ++h)
-        idx[2 * l + h] = static_cast<uint16_t>((chunk / 16 * l + chunk / 32 * h + s) % 64);
+      for (int h = 0; h < 2; ++h) idx[2 * l + h] = static_cast<uint16_t>((8 * l + 4 * h + s) % 64);
     order[s] = _mm512_load_si512(idx);
   }
-  for (int64_t i = 0; i < a.m; ++i) {
-    const float* row = a.x + i * a.ldx;
+  for (int64_t i = 0; i < m; ++i) {
+    const float* row = x + i * ldx;
     for (int64_t p = 0; p < padded; p += 16) {
       const int64_t rem = std::clamp<int64_t>(k - p, 0, 16);
       const __mmask16 mask = rem == 16 ? __mmask16(0xffff) : __mmask16((1u << rem) - 1);
       _mm256_store_si256(reinterpret_cast<__m256i*>(plain + p),
                          round_to_bf16(_mm512_maskz_loadu_epi32(mask, row + p)));
     }
-    uint16_t* dst = out.get() + i * padded;
-    for (int64_t c = 0; c < padded; c += chunk) {
+    uint16_t* dst = out + i * padded;
+    for (int64_t c = 0; c < padded; c += 128) {
       const __m512i* src = reinterpret_cast<const __m512i*>(plain + c);
-      for (int s = 0; s < chunk / 32; ++s) {
-        __m512i v = _mm512_permutex2var_epi16(_mm512_load_si512(src), order[s], _mm512_load_si512(src + 1));
-        if (chunk == 128)  // words 16..31 come from elements 64..127
-          v = _mm512_mask_blend_epi16(
-              0xFFFF0000u, v,
-              _mm512_permutex2var_epi16(_mm512_load_si512(src + 2), order[s], _mm512_load_si512(src + 3)));
-        _mm512_store_si512(dst + c + 32 * s, v);
+      for (int s = 0; s < 4; ++s) {
+        const __m512i lo =
+            _mm512_permutex2var_epi16(_mm512_load_si512(src), order[s], _mm512_load_si512(src + 1));
+        const __m512i hi =
+            _mm512_permutex2var_epi16(_mm512_load_si512(src + 2), order[s], _mm512_load_si512(src + 3));
+        _mm512_store_si512(dst + c + 32 * s, _mm512_mask_blend_epi16(0xFFFF0000u, lo, hi));
       }
     }
   }
-  return out;
+}
+
+// One FP8 x row scaled: x'[p] = bf16(x[p] · mult[p]) by VCVTNE2PS2BF16 (nearest even, an f32 subnormal
+// product as zero: linear_quant_bf16dot.hpp), zeros past k, in chunk order: chunk c's step 0 (its even
+// elements) at dst + (c / 32) · step_stride words, step 1 (the odd ones) one step_stride on.
+inline void pack_fp8_x_row(const float* x, int64_t k, const float* mult, int64_t padded, uint16_t* dst,
+                           int64_t step_stride) {
+  alignas(64) uint16_t even[32], odd[32];
+  for (int w = 0; w < 32; ++w) {
+    even[w] = static_cast<uint16_t>(2 * w);
+    odd[w] = static_cast<uint16_t>(2 * w + 1);
+  }
+  const __m512i even_index = _mm512_load_si512(even), odd_index = _mm512_load_si512(odd);
+  for (int64_t c = 0; c < padded; c += 64) {
+    __m512 v[4];
+    if (k - c >= 64) {
+      for (int q = 0; q < 4; ++q)
+        v[q] = _mm512_mul_ps(_mm512_loadu_ps(x + c + 16 * q), _mm512_loadu_ps(mult + c + 16 * q));
+    } else {
+      for (int q = 0; q < 4; ++q) {
+        const int64_t rem = std::clamp<int64_t>(k - c - 16 * q, 0, 16);
+        const __mmask16 mask = rem == 16 ? __mmask16(0xffff) : __mmask16((1u << rem) - 1);
+        v[q] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + c + 16 * q),
+                             _mm512_maskz_loadu_ps(mask, mult + c + 16 * q));
+      }
+    }
+    const __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]),
+                  hi = (__m512i)_mm512_cvtne2ps_pbh(v[3], v[2]);
+    _mm512_store_si512(dst + c / 32 * step_stride, _mm512_permutex2var_epi16(lo, even_index, hi));
+    _mm512_store_si512(dst + (c / 32 + 1) * step_stride, _mm512_permutex2var_epi16(lo, odd_index, hi));
+  }
 }
 
 inline __mmask64 byte_mask(int64_t bytes) {
@@ -216,8 +257,8 @@ bool fp4_tile(const uint8_t* data, int64_t row_bytes, const uint8_t* codes, int6
   return true;
 }
 
-// FP8 multipliers (q · 2^8) of one chunk and row: a broadcast where the chunk lies in one scale block, else
-// lane l's from the block of element c + 4l.
+// FP8 block multipliers: mult[p] = q(n, p) · 2^8 for p < k, the f32 vector that scales the activations for
+// the weight rows of n's block of rows (linear_quant_bf16dot.hpp).
 struct Fp8Scales {
   const PackedWeight* w;
   float table[256];
@@ -232,17 +273,22 @@ struct Fp8Scales {
     }
     return table[static_cast<uint8_t>(w->scales[index])];
   }
-  __m512 chunk(int64_t base, int64_t c, int64_t k) const {
-    const int64_t bc = w->block_cols;
-    if (c / bc == std::min(c + 63, k - 1) / bc) return _mm512_set1_ps(get(base + c / bc) * 0x1p8f);
-    alignas(64) float lanes[16];
-    for (int l = 0; l < 16; ++l) {
-      const int64_t e = std::min(c + 4 * l, k - 1);
-      lanes[l] = get(base + e / bc) * 0x1p8f;
-    }
-    return _mm512_load_ps(lanes);
+  void row(int64_t n, float* mult) const {
+    const int64_t base = n / w->block_rows * w->scale_row_stride, bc = w->block_cols, k = w->cols;
+    for (int64_t p0 = 0, b = 0; p0 < k; p0 += bc, ++b)
+      std::fill(mult + p0, mult + std::min(k, p0 + bc), get(base + b) * 0x1p8f);
   }
 };
+
+// f(s0, s1) for the parts of [n0, n1) that lie in one block of rows (one multiplier vector each).
+template <class F>
+void for_each_row_block(const PackedWeight& w, int64_t n0, int64_t n1, const F& f) {
+  for (int64_t s0 = n0; s0 < n1;) {
+    const int64_t s1 = std::min(n1, (s0 / w.block_rows + 1) * w.block_rows);
+    f(s0, s1);
+    s0 = s1;
+  }
+}
 
 // bf16 bits of E4M3 subnormals and zero × 2^-8 (m · 2^-17), by the mantissa m.
 inline __m512i e4m3_subnormal_table() {
@@ -269,106 +315,91 @@ inline __m512bh e4m3_normal_to_bf16(__m512i high) {
                                              _mm512_set1_epi16(0x3800), 0xEA);
 }
 
-// One chunk (64 columns from c) of NR FP8 rows against MR x rows, block multipliers `mult`. Chunks whose
-// codes all have exponent ≥ 1 (the common case) take the two-instruction decode; a chunk with a zero or
-// subnormal code takes the one with the table fix-up.
-template <int MR, int NR>
-inline void fp8_chunk(const uint8_t* const* rows, int64_t c, int64_t k, const uint16_t* xp, int64_t padded,
-                      const __m512* mult, __m512 (&acc)[MR][NR], __m512i& guard, int64_t ahead) {
-  const int64_t left = k - c;
-  __m512i raw[NR];
-  __mmask64 exponent0 = 0;
-#pragma GCC unroll 8
-  for (int j = 0; j < NR; ++j) {
-    const uint8_t* d = rows[j] + c;
-    if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(d + ahead), _MM_HINT_T1);
-    raw[j] = left >= 64 ? _mm512_loadu_si512(d) : _mm512_maskz_loadu_epi8(byte_mask(left), d);
-    guard = _mm512_max_epu8(guard, _mm512_or_si512(raw[j], _mm512_set1_epi8(-128)));
-    // Bytes past k are zeros; their products are zero either way.
-    exponent0 |= _mm512_mask_testn_epi8_mask(byte_mask(left), raw[j], _mm512_set1_epi8(0x78));
+// 64 FP8 codes from p (`left` of them before k; zeros after) and their two steps of 32 bf16 weights in the
+// chunk order of linear_quant_bf16dot.hpp (read as 32 words, the low bytes are step 0 and the high bytes
+// step 1, so a shift puts each code into its word's high byte). guard collects the codes' max with bit 7
+// set (0xFF: a NaN code). Chunks whose codes all have exponent ≥ 1 (the common case) take the
+// two-instruction decode; a chunk with a zero or subnormal code takes the one with the table fix-up.
+struct Fp8Decoder {
+  __m512i subnormals = e4m3_subnormal_table(), guard = _mm512_setzero_si512();
+  // The codes; `fixup` tells whether a code of the first `left` has exponent 0.
+  __m512i load(const uint8_t* p, int64_t left, bool& fixup) {
+    const __m512i raw = left >= 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(byte_mask(left), p);
+    guard = _mm512_max_epu8(guard, _mm512_or_si512(raw, _mm512_set1_epi8(-128)));
+    fixup = _mm512_mask_testn_epi8_mask(byte_mask(left), raw, _mm512_set1_epi8(0x78)) != 0;
+    return raw;
   }
-  __m512 part[MR][NR];
-  const bool fixup = exponent0 != 0;
-  const __m512i subnormals = e4m3_subnormal_table();
-#pragma GCC unroll 2
-  for (int s = 0; s < 2; ++s) {
-    __m512bh wv[NR];
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) {
-      const __m512i high = s == 0 ? _mm512_slli_epi16(raw[j], 8) : raw[j];
-      wv[j] = __builtin_expect(fixup, 0) ? e4m3_to_bf16(high, subnormals) : e4m3_normal_to_bf16(high);
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i) {
-      const __m512bh xv = (__m512bh)_mm512_load_si512(xp + i * padded + c + 32 * s);
-#pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j)
-        part[i][j] = _mm512_dpbf16_ps(s == 0 ? _mm512_setzero_ps() : part[i][j], xv, wv[j]);
-    }
+  __m512bh step(__m512i raw, int s, bool fixup) const {
+    const __m512i high = s == 0 ? _mm512_slli_epi16(raw, 8) : raw;
+    return __builtin_expect(fixup, 0) ? e4m3_to_bf16(high, subnormals) : e4m3_normal_to_bf16(high);
   }
-  const __mmask16 lanes = lane_mask((left + 3) / 4);
-#pragma GCC unroll 4
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 8
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_mask3_fmadd_ps(part[i][j], mult[j], acc[i][j], lanes);
-}
+  bool clean() const { return _mm512_cmpeq_epi8_mask(guard, _mm512_set1_epi8(-1)) == 0; }
+};
 
+// y (rows ldy apart, columns from y) for MR scaled x rows (xq: chunk order, rows `padded` words apart) and NR
+// FP8 weight rows from `data`, decoded in registers; false when a NaN code was met (y is then not written).
+// `ahead`: prefetch distance of the weight stream in bytes (0: none).
 template <int MR, int NR>
-bool fp8_tile(const Fp8Scales& sc, const uint8_t* data, int64_t row_bytes, int64_t n, int64_t k,
-              const uint16_t* xp, int64_t padded, float* y, int64_t ldy, int64_t ahead) {
-  int64_t base[NR];
-  const uint8_t* rows[NR];
-  for (int j = 0; j < NR; ++j) {
-    base[j] = (n + j) / sc.w->block_rows * sc.w->scale_row_stride;
-    rows[j] = data + (n + j) * row_bytes;
-  }
-  __m512i guard = _mm512_setzero_si512();
+bool fp8_tile(const uint8_t* data, int64_t row_bytes, int64_t k, const uint16_t* xq, int64_t padded, float* y,
+              int64_t ldy, int64_t ahead) {
+  Fp8Decoder dec;
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  __m512 mult[NR];
-  const int64_t bc = sc.w->block_cols;
-  if (bc % 64 == 0) {  // chunks never straddle blocks: one broadcast multiplier per block and row
-    for (int64_t p0 = 0, b = 0; p0 < k; p0 += bc, ++b) {
+  for (int64_t c = 0; c < k; c += 64) {
+    const int64_t left = k - c;
+    __m512i raw[NR];
+    bool fixup = false;
 #pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) mult[j] = _mm512_set1_ps(sc.get(base[j] + b) * 0x1p8f);
-      for (int64_t c = p0; c < std::min(k, p0 + bc); c += 64)
-        fp8_chunk<MR, NR>(rows, c, k, xp, padded, mult, acc, guard, ahead);
+    for (int j = 0; j < NR; ++j) {
+      const uint8_t* d = data + j * row_bytes + c;
+      if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(d + ahead), _MM_HINT_T1);
+      bool row_fixup;
+      raw[j] = dec.load(d, left, row_fixup);
+      fixup |= row_fixup;
     }
-  } else {
-    for (int64_t c = 0; c < k; c += 64) {
-      for (int j = 0; j < NR; ++j) mult[j] = sc.chunk(base[j], c, k);
-      fp8_chunk<MR, NR>(rows, c, k, xp, padded, mult, acc, guard, ahead);
+#pragma GCC unroll 2
+    for (int s = 0; s < 2; ++s) {
+      __m512bh wv[NR];
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) wv[j] = dec.step(raw[j], s, fixup);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        const __m512bh xv = (__m512bh)_mm512_load_si512(xq + i * padded + c + 32 * s);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+      }
     }
   }
-  if (_mm512_cmpeq_epi8_mask(guard, _mm512_set1_epi8(-1)) != 0) return false;
+  if (!dec.clean()) return false;
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) y[i * ldy + n + j] = reduce16(acc[i][j]);
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
   return true;
 }
 
 // Weight rows in groups of NR (then one by one), each group against every tile of up to MRMAX x rows while
 // it is in L1.
 template <int MRMAX, int NR, class Tile>
-void stream_shape(const LinearArgs& a, const Tile& tile) {
-  int64_t n = a.n0;
-  for (; n + NR <= a.n1; n += NR)
+void stream_shape(const LinearArgs& a, int64_t n0, int64_t n1, const Tile& tile) {
+  int64_t n = n0;
+  for (; n + NR <= n1; n += NR)
     for (int64_t i0 = 0; i0 < a.m; i0 += MRMAX)
       tile.template run<MRMAX, NR>(i0, std::min<int64_t>(MRMAX, a.m - i0), n);
-  for (; n < a.n1; ++n)
+  for (; n < n1; ++n)
     for (int64_t i0 = 0; i0 < a.m; i0 += MRMAX)
       tile.template run<MRMAX, 1>(i0, std::min<int64_t>(MRMAX, a.m - i0), n);
 }
 
 // Decode (m ≤ 3): 4 weight rows against tiles of up to 2 x rows. Prefill: 2 weight rows against tiles of up
 // to 4 x rows, so each weight vector decoded feeds twice the products. Both keep their partial sums,
-// accumulators, weights and multipliers in the 32 vector registers; the shape changes no bit.
+// accumulators, weights and multipliers in the 32 vector registers; the shape changes no bit. Columns
+// [n0, n1).
 template <class Tile>
-void stream(const LinearArgs& a, const Tile& tile) {
-  if (a.m <= 3) return stream_shape<2, 4>(a, tile);
-  stream_shape<4, 2>(a, tile);
+void stream(const LinearArgs& a, int64_t n0, int64_t n1, const Tile& tile) {
+  if (a.m <= 3) return stream_shape<2, 4>(a, n0, n1, tile);
+  stream_shape<4, 2>(a, n0, n1, tile);
 }
 
 // f(std::integral_constant<int, MR>) for MR = rows (1..MRMAX).
@@ -419,64 +450,89 @@ struct Fp4Tile {
 
 struct Fp8Tile {
   const LinearArgs& a;
-  const Fp8Scales& scales;
-  const uint16_t* xp;
+  const uint16_t* xq;
   int64_t padded;
-  LinearFn reference;
   template <int MRMAX, int NR>
   void run(int64_t i0, int64_t rows, int64_t n) const {
     const PackedWeight& w = *a.w;
-    const auto* data = reinterpret_cast<const uint8_t*>(w.data);
+    const auto* data = reinterpret_cast<const uint8_t*>(w.data) + n * w.row_bytes;
     const int64_t ahead = i0 == 0 && n + 3 * NR <= a.n1 ? 2 * NR * w.row_bytes : 0;
-    const uint16_t* x = xp + i0 * padded;
-    float* y = a.y + i0 * a.ldy;
+    float* y = a.y + i0 * a.ldy + n;
     const bool ok = dispatch_rows<MRMAX>(rows, [&](auto mr) {
-      return fp8_tile<decltype(mr)::value, NR>(scales, data, w.row_bytes, n, w.cols, x, padded, y, a.ldy,
+      return fp8_tile<decltype(mr)::value, NR>(data, w.row_bytes, w.cols, xq + i0 * padded, padded, y, a.ldy,
                                                ahead);
     });
-    if (!ok) quant::reference_part(a, reference, i0, rows, n, NR);
+    if (!ok) quant::reference_part(a, reference::linear_fp8_block_medium, i0, rows, n, NR);
   }
 };
 
-// Panels for quant_panel_linear (many x rows): the tiles' register decode, written out once per weight row
-// and chunk with the lanes wholly past k given zero multipliers.
-bool fp8_panel(const void* context, int64_t n, int rows, uint16_t* panel) {
-  const Fp8Scales& sc = *static_cast<const Fp8Scales*>(context);
-  const PackedWeight& w = *sc.w;
-  const int64_t k = w.cols, bc = w.block_cols;
-  const __m512i subnormals = e4m3_subnormal_table();
-  __m512i guard = _mm512_setzero_si512();
-  for (int j = 0; j < rows; ++j) {
+// FP8 rows [n, n + rows) as bf16 weights (code value × 2^-8) in chunk order, row j at panel + j · ldp (ldp:
+// k padded to 64; the codes past k read as zeros, whose products with x's zeros are zeros); false when a NaN
+// code was met.
+bool fp8_decode_rows(const PackedWeight& w, int64_t n, int64_t rows, uint16_t* panel, int64_t ldp) {
+  const int64_t k = w.cols;
+  Fp8Decoder dec;
+  for (int64_t j = 0; j < rows; ++j) {
     const auto* row = reinterpret_cast<const uint8_t*>(w.data) + (n + j) * w.row_bytes;
-    const int64_t base = (n + j) / w.block_rows * w.scale_row_stride;
-    // The same row of the next group (the panel path's next decode), into L2 while this group's tiles run.
-    const char* next =
-        n + j + rows < w.rows ? reinterpret_cast<const char*>(row + rows * w.row_bytes) : nullptr;
-    const auto chunk = [&](int64_t c, __m512 mult) {
-      const int64_t left = k - c;
-      if (next != nullptr) _mm_prefetch(next + c, _MM_HINT_T1);
-      const __m512i raw =
-          left >= 64 ? _mm512_loadu_si512(row + c) : _mm512_maskz_loadu_epi8(byte_mask(left), row + c);
-      guard = _mm512_max_epu8(guard, _mm512_or_si512(raw, _mm512_set1_epi8(-128)));
-      const bool fixup = _mm512_mask_testn_epi8_mask(byte_mask(left), raw, _mm512_set1_epi8(0x78)) != 0;
-      uint16_t* out = panel + (c / 64 * rows + j) * 3 * 32;
-      for (int s = 0; s < 2; ++s) {
-        const __m512i high = s == 0 ? _mm512_slli_epi16(raw, 8) : raw;
-        _mm512_store_si512(out + 32 * s,
-                           (__m512i)(fixup ? e4m3_to_bf16(high, subnormals) : e4m3_normal_to_bf16(high)));
-      }
-      _mm512_store_ps(out + 64, _mm512_maskz_mov_ps(lane_mask((left + 3) / 4), mult));
-    };
-    if (bc % 64 == 0) {  // chunks never straddle blocks: one multiplier per block and row, as in fp8_tile
-      for (int64_t p0 = 0, b = 0; p0 < k; p0 += bc, ++b) {
-        const __m512 mult = _mm512_set1_ps(sc.get(base + b) * 0x1p8f);
-        for (int64_t c = p0; c < std::min(k, p0 + bc); c += 64) chunk(c, mult);
-      }
-    } else {
-      for (int64_t c = 0; c < k; c += 64) chunk(c, sc.chunk(base, c, k));
+    for (int64_t c = 0; c < k; c += 64) {
+      bool fixup;
+      const __m512i raw = dec.load(row + c, k - c, fixup);
+      for (int s = 0; s < 2; ++s)
+        _mm512_store_si512(panel + j * ldp + c + 32 * s, (__m512i)dec.step(raw, s, fixup));
     }
   }
-  return _mm512_cmpeq_epi8_mask(guard, _mm512_set1_epi8(-1)) == 0;
+  return dec.clean();
+}
+
+// Weight rows [s0, s1) (one block of rows) against `rows` x rows from c0, scaled, in chunk order and in
+// bf16dot_tiles' layout in xp: groups of NR rows (then single rows) decoded into the panel, then
+// bf16dot_tiles' register tiles over it as over BF16 rows of the padded length (the order is the same
+// permutation of k in both operands); the raw rows of the group kFp8Ahead groups on are prefetched into L2
+// meanwhile.
+template <int NR>
+void fp8_panel_columns(const LinearArgs& a, int64_t c0, int64_t rows, const uint16_t* xp, int64_t s0,
+                       int64_t s1, uint16_t* panel) {
+  const PackedWeight& w = *a.w;
+  const int64_t ldp = (w.cols + 63) / 64 * 64, steps = ldp / 32;
+  const auto* data = reinterpret_cast<const char*>(w.data);
+  const auto* weights = reinterpret_cast<const bf16*>(panel);
+  float* y = a.y + c0 * a.ldy;
+  const auto decoded = [&](int64_t j, int64_t cols) {
+    if (fp8_decode_rows(w, j, cols, panel, ldp)) return true;
+    quant::reference_part(a, reference::linear_fp8_block_medium, c0, rows, j, cols);
+    return false;
+  };
+  int64_t j = s0;
+  for (; j + NR <= s1; j += NR) {
+    if (!decoded(j, NR)) continue;
+    const int64_t ahead = j + kFp8Ahead * NR;
+    const bool next = ahead + NR <= a.n1;
+    bf16dot_tiles::group<NR>(xp, rows, steps, weights, ldp, ldp, y + j, a.ldy,
+                             next ? data + ahead * w.row_bytes : nullptr, next ? NR * w.row_bytes : 0);
+  }
+  // The last 1 to NR - 1 rows as one group (a single-row group loads every x vector for one product).
+  if (j < s1 && decoded(j, s1 - j)) {
+    const auto rest = [&](auto nr) {
+      bf16dot_tiles::group<decltype(nr)::value>(xp, rows, steps, weights, ldp, ldp, y + j, a.ldy, nullptr, 0);
+    };
+    switch (s1 - j) {
+      case 1:
+        return rest(std::integral_constant<int, 1>{});
+      case 2:
+        return rest(std::integral_constant<int, 2>{});
+      case 3:
+        if constexpr (NR > 3) return rest(std::integral_constant<int, 3>{});
+        break;
+      case 4:
+        if constexpr (NR > 4) return rest(std::integral_constant<int, 4>{});
+        break;
+      case 5:
+        if constexpr (NR > 5) return rest(std::integral_constant<int, 5>{});
+        break;
+      default:
+        break;
+    }
+  }
 }
 
 template <bool NV>
@@ -536,12 +592,13 @@ void fp4_linear(const LinearArgs& a, WeightFormat format, LinearFn reference) {
   constexpr unsigned kDenormalsAreZero = 0x40;
   if (NV && (!(std::fabs(g) < 0x1p8f) || (_mm_getcsr() & kDenormalsAreZero) != 0)) return reference(a);
   const int64_t padded = (a.w->cols + 127) / 128 * 128;
-  const Buffer xp = pack_x(a, 128, padded);
+  const Buffer xp = aligned_words((a.m + 1) * padded);
+  pack_fp4_x(a.x, a.ldx, a.m, a.w->cols, padded, xp.get());
   if (a.m >= kQuantPanelMinRowsFp4) {
     const Fp4Panel<NV> source{a.w, _mm512_set1_ps(g * 0x1p120f)};
-    return quant_panel_linear(a, xp.get(), padded, {4, &source, fp4_panel<NV>, reference});
+    return quant_panel_linear(a, xp.get(), padded, {&source, fp4_panel<NV>, reference});
   }
-  stream(a, Fp4Tile<NV>{a, xp.get(), padded, _mm512_set1_ps(g * 0x1p120f), reference});
+  stream(a, a.n0, a.n1, Fp4Tile<NV>{a, xp.get(), padded, _mm512_set1_ps(g * 0x1p120f), reference});
 }
 
 }  // namespace
@@ -549,13 +606,40 @@ void fp4_linear(const LinearArgs& a, WeightFormat format, LinearFn reference) {
 void linear_fp8_block_medium(const LinearArgs& a) {
   quant::check_linear_args(a, WeightFormat::fp8_block);
   if (a.m == 0 || a.n0 == a.n1) return;
-  const int64_t padded = (a.w->cols + 63) / 64 * 64;
-  const Buffer xp = pack_x(a, 64, padded);
-  const Fp8Scales scales(*a.w);
-  if (a.m >= kQuantPanelMinRowsFp8)
-    return quant_panel_linear(a, xp.get(), padded,
-                              {2, &scales, fp8_panel, reference::linear_fp8_block_medium});
-  stream(a, Fp8Tile{a, scales, xp.get(), padded, reference::linear_fp8_block_medium});
+  const PackedWeight& w = *a.w;
+  const int64_t k = w.cols, padded = (k + 63) / 64 * 64;
+  const Fp8Scales scales(w);
+  std::vector<float> mult(static_cast<size_t>(k));
+  if (a.m < kQuantPanelMinRowsFp8) {
+    const Buffer xq = aligned_words(a.m * padded);
+    for_each_row_block(w, a.n0, a.n1, [&](int64_t s0, int64_t s1) {
+      scales.row(s0, mult.data());
+      for (int64_t i = 0; i < a.m; ++i)
+        pack_fp8_x_row(a.x + i * a.ldx, k, mult.data(), padded, xq.get() + i * padded, 32);
+      stream(a, s0, s1, Fp8Tile{a, xq.get(), padded});
+    });
+    return;
+  }
+  using namespace bf16dot_tiles;
+  const int64_t steps = padded / 32, chunk = std::min(a.m, kChunkRows);
+  const Buffer xp = aligned_words(chunk * padded), panel = aligned_words(kGroupCols * padded);
+  for (int64_t c0 = 0; c0 < a.m; c0 += kChunkRows) {
+    const int64_t rows = std::min(kChunkRows, a.m - c0);
+    for_each_row_block(w, a.n0, a.n1, [&](int64_t s0, int64_t s1) {
+      scales.row(s0, mult.data());
+      // Into bf16dot_tiles' layout: tile t's h rows as [step][row][32] from i0 · steps · 32.
+      for (int64_t t = 0; t < tile_count(rows, steps); ++t) {
+        const int64_t i0 = tile_start(rows, t, steps), h = tile_start(rows, t + 1, steps) - i0;
+        for (int64_t i = 0; i < h; ++i)
+          pack_fp8_x_row(a.x + (c0 + i0 + i) * a.ldx, k, mult.data(), padded,
+                         xp.get() + (i0 * steps + i) * 32, h * 32);
+      }
+      if (tile_rows(rows, steps) == kWideTileRows)
+        fp8_panel_columns<kWideGroupCols>(a, c0, rows, xp.get(), s0, s1, panel.get());
+      else
+        fp8_panel_columns<kGroupCols>(a, c0, rows, xp.get(), s0, s1, panel.get());
+    });
+  }
 }
 void linear_mxfp4_medium(const LinearArgs& a) {
   fp4_linear<false>(a, WeightFormat::mxfp4, reference::linear_mxfp4_medium);

@@ -1,4 +1,4 @@
-// The panel path of the quantized `medium` linears (linear_quant_bf16dot_panel_avx512_bf16.hpp). With many
+// The panel path of the FP4 `medium` linears (linear_quant_bf16dot_panel_avx512_bf16.hpp). With many
 // x rows, decoding the weights in registers for every small tile of x rows costs as much as the products and
 // streams all of x past every few weight rows. Here the x rows are taken in blocks that stay in L2; for each
 // block, each group of NR weight rows is decoded once into an L1-sized panel (the exact words and multipliers
@@ -25,38 +25,21 @@ struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
 
-// Register tiles: MR x rows × NR weight rows, sized to the 32 registers: FP8 (2 steps a chunk) 4 × 4 = 16
-// accumulators + 8 weights + 2 x (4 × 3 step by step, as FP4, was 2-4 % slower); FP4 (4 steps) 4 × 3 = 12
-// accumulators + 12 partial sums + 3 weights + 1 x.
-template <int S>
-struct Shape;
-template <>
-struct Shape<2> {
-  static constexpr int kRows = 4, kCols = 4;
-};
-template <>
-struct Shape<4> {
-  static constexpr int kRows = 4, kCols = 3;
-};
-
-// The panel is not split along k: a 4-row FP8 panel at k = 2048 (24 KiB) with a tile's 16 KiB of x rows
-// overflows the 32 KiB L1, yet running each tile over 8 or 16 KiB parts of it (accumulators kept in memory
-// between parts, same bits) was 1-2 % slower for FP8 at 512 rows, and FP8 at k = 2048 runs within 2 % of its
-// k = 768 rate without it.
+// Register tiles: MR x rows × NR weight rows, sized to the 32 registers: 4 × 3 = 12 accumulators + 12 partial
+// sums + 3 weights + 1 x. Each chunk is 4 VDPBF16PS steps (linear_quant_bf16dot.hpp's C / 32).
+constexpr int kRows = 4, kCols = 3, kSteps = 4;
 
 // x bytes of one block of rows: the block is re-read once per weight group, so it must stay in L2 (1 MiB
 // here, shared with the panel and the weights streaming through).
 constexpr int64_t kBlockBytes = 384 * 1024;
 
-// y[i, j] for MR x rows (x: rows `padded` words apart) and the NR weight rows of a decoded panel. FP8 (two
-// steps a chunk): for each x row, each weight row's chain over the chunk's steps and its FMA run back to
-// back, the chunk's weights in registers. FP4 (four steps): step by step over the whole tile, partial sums
-// in registers, which keeps the four dependent VDPBF16PS of a chain apart (about 10 % faster than back to
-// back at 512 rows).
-template <int S, int MR, int NR>
+// y[i, j] for MR x rows (x: rows `padded` words apart) and the NR weight rows of a decoded panel, step by
+// step over the whole tile, partial sums in registers, which keeps the four dependent VDPBF16PS of a chain
+// apart (about 10 % faster than back to back at 512 rows).
+template <int MR, int NR>
 void panel_tile(const uint16_t* x, int64_t padded, const uint16_t* panel, int64_t chunks, float* y,
                 int64_t ldy) {
-  constexpr int64_t kRowWords = (S + 1) * 32;
+  constexpr int64_t kRowWords = (kSteps + 1) * 32;
   __m512 acc[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
@@ -64,76 +47,45 @@ void panel_tile(const uint16_t* x, int64_t padded, const uint16_t* panel, int64_
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; ++c) {
     const uint16_t* pc = panel + c * NR * kRowWords;
-    const uint16_t* xc = x + c * S * 32;
-    const auto mult = [&](int j) { return _mm512_load_ps(pc + j * kRowWords + S * 32); };
-    if constexpr (S == 4) {
-      __m512 part[MR][NR];
+    const uint16_t* xc = x + c * kSteps * 32;
+    __m512 part[MR][NR];
 #pragma GCC unroll 4
-      for (int s = 0; s < S; ++s) {
-        __m512bh wv[NR];
+    for (int s = 0; s < kSteps; ++s) {
+      __m512bh wv[NR];
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) wv[j] = (__m512bh)_mm512_load_si512(pc + j * kRowWords + s * 32);
-#pragma GCC unroll 8
-        for (int i = 0; i < MR; ++i) {
-          const __m512bh xv = (__m512bh)_mm512_load_si512(xc + i * padded + s * 32);
-#pragma GCC unroll 8
-          for (int j = 0; j < NR; ++j)
-            part[i][j] = _mm512_dpbf16_ps(s == 0 ? _mm512_setzero_ps() : part[i][j], xv, wv[j]);
-        }
-      }
-#pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(part[i][j], mult(j), acc[i][j]);
-    } else {
-      __m512bh wv[S][NR];
-#pragma GCC unroll 4
-      for (int s = 0; s < S; ++s)
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) wv[s][j] = (__m512bh)_mm512_load_si512(pc + j * kRowWords + s * 32);
+      for (int j = 0; j < NR; ++j) wv[j] = (__m512bh)_mm512_load_si512(pc + j * kRowWords + s * 32);
 #pragma GCC unroll 8
       for (int i = 0; i < MR; ++i) {
-        __m512bh xv[S];
-#pragma GCC unroll 4
-        for (int s = 0; s < S; ++s) xv[s] = (__m512bh)_mm512_load_si512(xc + i * padded + s * 32);
+        const __m512bh xv = (__m512bh)_mm512_load_si512(xc + i * padded + s * 32);
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) {
-          __m512 part = _mm512_dpbf16_ps(_mm512_setzero_ps(), xv[0], wv[0][j]);
-#pragma GCC unroll 4
-          for (int s = 1; s < S; ++s) part = _mm512_dpbf16_ps(part, xv[s], wv[s][j]);
-          acc[i][j] = _mm512_fmadd_ps(part, mult(j), acc[i][j]);
-        }
+        for (int j = 0; j < NR; ++j)
+          part[i][j] = _mm512_dpbf16_ps(s == 0 ? _mm512_setzero_ps() : part[i][j], xv, wv[j]);
       }
     }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j)
+        acc[i][j] = _mm512_fmadd_ps(part[i][j], _mm512_load_ps(pc + j * kRowWords + kSteps * 32), acc[i][j]);
   }
   lane_tree::store_sums<MR, NR>(acc, y, ldy);
 }
 
 using TileFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*, int64_t);
 
-// kTilesOf<S, NR, 1, 2, 3, 4>[mr - 1] = the tile of mr x rows and NR weight rows.
-template <int S, int NR, int... MR>
-constexpr TileFn kTilesOf[] = {panel_tile<S, MR, NR>...};
+// kTilesOf<NR, 1, 2, 3, 4>[mr - 1] = the tile of mr x rows and NR weight rows.
+template <int NR, int... MR>
+constexpr TileFn kTilesOf[] = {panel_tile<MR, NR>...};
 
-template <int S, int NR>
-TileFn tile_for(int64_t rows) {
-  static_assert(Shape<S>::kRows == 4);
-  return kTilesOf<S, NR, 1, 2, 3, 4>[rows - 1];
-}
-
-template <int S>
 TileFn tile_for(int64_t rows, int cols) {
-  static_assert(Shape<S>::kCols <= 4);
+  static_assert(kRows == 4 && kCols == 3);
   switch (cols) {
     case 1:
-      return tile_for<S, 1>(rows);
+      return kTilesOf<1, 1, 2, 3, 4>[rows - 1];
     case 2:
-      return tile_for<S, 2>(rows);
-    case 3:
-      return tile_for<S, 3>(rows);
+      return kTilesOf<2, 1, 2, 3, 4>[rows - 1];
     default:
-      if constexpr (Shape<S>::kCols >= 4) return tile_for<S, 4>(rows);
-      return nullptr;
+      return kTilesOf<3, 1, 2, 3, 4>[rows - 1];
   }
 }
 
@@ -143,11 +95,13 @@ inline int64_t part_start(int64_t total, int64_t t, int64_t count) {
   return total * t / count;
 }
 
-template <int S>
-void panel_linear(const LinearArgs& a, const uint16_t* xp, int64_t padded, const QuantPanelSource& src) {
-  constexpr int kRows = Shape<S>::kRows, kCols = Shape<S>::kCols;
-  constexpr int64_t kRowWords = (S + 1) * 32;
-  const int64_t chunks = padded / (S * 32);
+}  // namespace
+
+void quant_panel_linear(const LinearArgs& a, const uint16_t* xp, int64_t padded,
+                        const QuantPanelSource& src) {
+  if (a.m == 0 || a.n0 == a.n1) return;
+  constexpr int64_t kRowWords = (kSteps + 1) * 32;
+  const int64_t chunks = padded / (kSteps * 32);
   std::unique_ptr<uint16_t[], FreeDeleter> panel(
       static_cast<uint16_t*>(std::aligned_alloc(64, static_cast<size_t>(kCols * chunks * kRowWords * 2))));
   XMOE_CHECK(panel != nullptr, "linear: out of memory for a weight panel of ", chunks, " chunks");
@@ -164,22 +118,10 @@ void panel_linear(const LinearArgs& a, const uint16_t* xp, int64_t padded, const
       }
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t i0 = r0 + part_start(rows, t, tiles), h = r0 + part_start(rows, t + 1, tiles) - i0;
-        tile_for<S>(h, cols)(xp + i0 * padded, padded, panel.get(), chunks, a.y + i0 * a.ldy + n, a.ldy);
+        tile_for(h, cols)(xp + i0 * padded, padded, panel.get(), chunks, a.y + i0 * a.ldy + n, a.ldy);
       }
     }
   }
-}
-
-}  // namespace
-
-void quant_panel_linear(const LinearArgs& a, const uint16_t* xp, int64_t padded,
-                        const QuantPanelSource& src) {
-  XMOE_CHECK(src.steps == 2 || src.steps == 4, "linear: a quantized panel of ", src.steps, " steps a chunk");
-  if (a.m == 0 || a.n0 == a.n1) return;
-  if (src.steps == 2)
-    panel_linear<2>(a, xp, padded, src);
-  else
-    panel_linear<4>(a, xp, padded, src);
 }
 
 }  // namespace xmoe::kernels::avx512_bf16

@@ -1,8 +1,9 @@
-// Many-row (prefill) form of the `medium` linears over block-quantized weights on AVX512-BF16: each group of
-// weight rows is decoded once per block of x rows into a small bf16 panel, then register tiles of x rows run
-// over it. Decoding stays with the decode-shaped kernels (linear_quant_bf16dot_avx512_bf16.cpp), which pass a
-// QuantPanelSource; the arithmetic is linear_quant_bf16dot.hpp's, so the bits are the reference's. Only
-// declarations: the tests read the row thresholds to test either side of them.
+// Many-row (prefill) form of the `medium` linears over FP4 weights (MXFP4, NVFP4) on AVX512-BF16: each group
+// of weight rows is decoded once per block of x rows into a small bf16 panel, then register tiles of x rows
+// run over it. Decoding stays with the decode-shaped kernels (linear_quant_bf16dot_avx512_bf16.cpp), which
+// pass a QuantPanelSource; the arithmetic is linear_quant_bf16dot.hpp's, so the bits are the reference's.
+// (FP8's panels are plain bf16 rows that bf16dot_tiles_avx512_bf16.hpp's tiles run over, as over BF16
+// weights.) Only declarations: the tests read the row thresholds to test either side of them.
 #pragma once
 #include <cstdint>
 
@@ -11,23 +12,23 @@
 namespace xmoe::kernels::avx512_bf16 {
 
 // From this many x rows on, the quantized medium linears take the panel path. Below, decoding the weights in
-// registers for every tile of x rows was as fast or faster (one thread, k = 768 and 2048, 16 to 48 rows): FP8
-// gains 8-11 % at 24 rows and is even at 16; FP4, whose register decode overlaps the products better, is even
-// at 24 and gains from 32. Measured again with FP4 panels from 8 rows (linear-bench, medians of 3): against
-// the register decode they lose 14-18 % at 8 rows, 3-6 % at 16; at 20 they are even at k = 768 and 3-5 %
-// slower at k = 2048; at 24 they gain 2-3 % at k = 768 and lose 0-2 % at k = 2048, where the register decode
-// already runs at 157-161 GFLOP/s against the panel's 166-169 at 512 rows. Expert gate/up (k = 2048) carry
-// twice the down projection's (k = 768) work, so 32 stays.
-inline constexpr int64_t kQuantPanelMinRowsFp8 = 24;
+// registers for every tile of x rows was as fast or faster. FP4, whose register decode overlaps the products
+// well (one thread, linear-bench, medians of 3): panels from 8 rows lose 14-18 % against the register decode
+// at 8 rows, 3-6 % at 16; at 20 they are even at k = 768 and 3-5 % slower at k = 2048; at 24 they gain 2-3 %
+// at k = 768 and lose 0-2 % at k = 2048, where the register decode already runs at 157-161 GFLOP/s against
+// the panel's 166-169 at 512 rows. Expert gate/up (k = 2048) carry twice the down projection's (k = 768)
+// work, so 32 stays. FP8 (decoded rows under bf16dot_tiles' 4 × 6 tiles; one thread, 768 × 2048 and 2048 ×
+// 768, 200-300 calls): 134 / 126 GFLOP/s against the register decode's 152 / 142 at 8 rows, even at 12-15,
+// 158-166 against 111-159 at 16-20.
+inline constexpr int64_t kQuantPanelMinRowsFp8 = 12;
 inline constexpr int64_t kQuantPanelMinRowsFp4 = 32;
 
 // Where a panel's weights come from. decode(context, n, rows, panel) writes weight rows [n, n + rows) for
-// every chunk c of the padded k: at panel + (c · rows + j) · (steps + 1) · 32 words, row j's `steps` vectors
-// of 32 bf16 weights in the order the chunk's VDPBF16PS steps read them, then its 16 lanes' f32 multipliers
-// (zero for lanes wholly past k, so the tiles need no lane mask: those lanes' products are zeros). It returns
-// false when it met a code its fast decode does not cover; those rows are then computed by the reference.
+// every chunk c of the padded k: at panel + (c · rows + j) · 5 · 32 words, row j's 4 vectors of 32 bf16
+// weights in the order the chunk's VDPBF16PS steps read them, then its 16 lanes' f32 multipliers (zero for
+// lanes wholly past k, so the tiles need no lane mask: those lanes' products are zeros). It returns false
+// when it met a code its fast decode does not cover; those rows are then computed by the reference.
 struct QuantPanelSource {
-  int steps = 0;  // VDPBF16PS steps per chunk: linear_quant_bf16dot.hpp's C / 32
   const void* context = nullptr;
   bool (*decode)(const void* context, int64_t n, int rows, uint16_t* panel) = nullptr;
   LinearFn reference = nullptr;
