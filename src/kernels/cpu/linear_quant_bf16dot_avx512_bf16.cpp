@@ -485,10 +485,10 @@ bool fp8_decode_rows(const PackedWeight& w, int64_t n, int64_t rows, uint16_t* p
 }
 
 // Weight rows [s0, s1) (one block of rows) against `rows` x rows from c0, scaled, in chunk order and in
-// bf16dot_tiles' layout in xp: groups of NR rows (then single rows) decoded into the panel, then
-// bf16dot_tiles' register tiles over it as over BF16 rows of the padded length (the order is the same
-// permutation of k in both operands); the raw rows of the group kFp8Ahead groups on are prefetched into L2
-// meanwhile.
+// bf16dot_tiles' layout in xp: groups of NR rows (the last 1 to NR - 1 rows as one group) decoded into the
+// panel, then bf16dot_tiles' register tiles over it as over BF16 rows of the padded length (the order is the
+// same permutation of k in both operands); the raw rows of the group kFp8Ahead groups on are prefetched into
+// L2 meanwhile.
 template <int NR>
 void fp8_panel_columns(const LinearArgs& a, int64_t c0, int64_t rows, const uint16_t* xp, int64_t s0,
                        int64_t s1, uint16_t* panel) {
