@@ -48,27 +48,31 @@ inline int64_t tile_start(int64_t m, int64_t t, int64_t steps) {
   return m * t / tile_count(m, steps);
 }
 
-// x rows [0, m) rounded to bf16 into tile layout: tile t's h rows as [step][row][32] from i0 · steps · 32,
-// zeros past k.
-inline void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, uint16_t* out) {
-  const int64_t steps = (k + 31) / 32;
+// The tile layout of x rows [0, m): tile t's h rows as [step][row][32] from i0 · steps · 32. pack_row(i, dst,
+// step_stride) writes row i's `steps` vectors of 32 bf16, step s at dst + s · step_stride words.
+template <class PackRow>
+inline void pack_tiles(int64_t m, int64_t steps, uint16_t* out, const PackRow& pack_row) {
   for (int64_t t = 0; t < tile_count(m, steps); ++t) {
     const int64_t i0 = tile_start(m, t, steps), h = tile_start(m, t + 1, steps) - i0;
-    uint16_t* tile = out + i0 * steps * 32;
-    for (int64_t i = 0; i < h; ++i) {
-      const float* row = x + (i0 + i) * ldx;
-      for (int64_t s = 0; s < steps; ++s) {
-        const int64_t p = s * 32;
-        uint16_t* out_step = tile + (s * h + i) * 32;
-        for (int half = 0; half < 2; ++half) {
-          const int64_t rem = std::clamp<int64_t>(k - p - 16 * half, 0, 16);
-          const __mmask16 mask = rem == 16 ? __mmask16(0xffff) : __mmask16((1u << rem) - 1);
-          _mm256_store_si256(reinterpret_cast<__m256i*>(out_step + 16 * half),
-                             round_to_bf16(_mm512_maskz_loadu_epi32(mask, row + p + 16 * half)));
-        }
+    for (int64_t i = 0; i < h; ++i) pack_row(i0 + i, out + (i0 * steps + i) * 32, h * 32);
+  }
+}
+
+// x rows [0, m) rounded to bf16 into tile layout, zeros past k.
+inline void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, uint16_t* out) {
+  const int64_t steps = (k + 31) / 32;
+  pack_tiles(m, steps, out, [&](int64_t i, uint16_t* dst, int64_t step_stride) {
+    const float* row = x + i * ldx;
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t p = s * 32;
+      for (int half = 0; half < 2; ++half) {
+        const int64_t rem = std::clamp<int64_t>(k - p - 16 * half, 0, 16);
+        const __mmask16 mask = rem == 16 ? __mmask16(0xffff) : __mmask16((1u << rem) - 1);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(dst + s * step_stride + 16 * half),
+                           round_to_bf16(_mm512_maskz_loadu_epi32(mask, row + p + 16 * half)));
       }
     }
-  }
+  });
 }
 
 // y[i, j] for the MR rows of one packed x tile and NR weight rows read in place; prefetches `next_bytes` of

@@ -22,9 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -35,21 +33,10 @@
 #include "kernels/cpu/linear_quant_bf16dot_panel_avx512_bf16.hpp"
 #include "kernels/cpu/linear_reduce_avx512.hpp"
 #include "kernels/quant/codecs.hpp"
-#include "xmoe/error.hpp"
+#include "util/buffer.hpp"
 
 namespace xmoe::kernels::avx512_bf16 {
 namespace {
-
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-using Buffer = std::unique_ptr<uint16_t[], FreeDeleter>;
-
-Buffer aligned_words(int64_t words) {
-  Buffer out(static_cast<uint16_t*>(std::aligned_alloc(64, static_cast<size_t>((words + 31) / 32 * 64))));
-  XMOE_CHECK(out != nullptr, "linear: out of memory for ", words, " bf16 words");
-  return out;
-}
 
 // The FP8 panel path prefetches the raw rows of the group this many groups on (as the BF16 linear does).
 constexpr int64_t kFp8Ahead = 2;
@@ -90,17 +77,25 @@ void pack_fp4_x(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t padde
   }
 }
 
+// FP8 chunk order: of each 64 elements, the even ones are step 0 and the odd ones step 1.
+struct Fp8Order {
+  __m512i even, odd;
+  Fp8Order() {
+    alignas(64) uint16_t e[32], o[32];
+    for (int w = 0; w < 32; ++w) {
+      e[w] = static_cast<uint16_t>(2 * w);
+      o[w] = static_cast<uint16_t>(2 * w + 1);
+    }
+    even = _mm512_load_si512(e);
+    odd = _mm512_load_si512(o);
+  }
+};
+
 // One FP8 x row scaled: x'[p] = bf16(x[p] · mult[p]) by VCVTNE2PS2BF16 (nearest even, an f32 subnormal
 // product as zero: linear_quant_bf16dot.hpp), zeros past k, in chunk order: chunk c's step 0 (its even
 // elements) at dst + (c / 32) · step_stride words, step 1 (the odd ones) one step_stride on.
-inline void pack_fp8_x_row(const float* x, int64_t k, const float* mult, int64_t padded, uint16_t* dst,
-                           int64_t step_stride) {
-  alignas(64) uint16_t even[32], odd[32];
-  for (int w = 0; w < 32; ++w) {
-    even[w] = static_cast<uint16_t>(2 * w);
-    odd[w] = static_cast<uint16_t>(2 * w + 1);
-  }
-  const __m512i even_index = _mm512_load_si512(even), odd_index = _mm512_load_si512(odd);
+inline void pack_fp8_x_row(const Fp8Order& order, const float* x, int64_t k, const float* mult,
+                           int64_t padded, uint16_t* dst, int64_t step_stride) {
   for (int64_t c = 0; c < padded; c += 64) {
     __m512 v[4];
     if (k - c >= 64) {
@@ -116,8 +111,8 @@ inline void pack_fp8_x_row(const float* x, int64_t k, const float* mult, int64_t
     }
     const __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]),
                   hi = (__m512i)_mm512_cvtne2ps_pbh(v[3], v[2]);
-    _mm512_store_si512(dst + c / 32 * step_stride, _mm512_permutex2var_epi16(lo, even_index, hi));
-    _mm512_store_si512(dst + (c / 32 + 1) * step_stride, _mm512_permutex2var_epi16(lo, odd_index, hi));
+    _mm512_store_si512(dst + c / 32 * step_stride, _mm512_permutex2var_epi16(lo, order.even, hi));
+    _mm512_store_si512(dst + (c / 32 + 1) * step_stride, _mm512_permutex2var_epi16(lo, order.odd, hi));
   }
 }
 
@@ -592,13 +587,14 @@ void fp4_linear(const LinearArgs& a, WeightFormat format, LinearFn reference) {
   constexpr unsigned kDenormalsAreZero = 0x40;
   if (NV && (!(std::fabs(g) < 0x1p8f) || (_mm_getcsr() & kDenormalsAreZero) != 0)) return reference(a);
   const int64_t padded = (a.w->cols + 127) / 128 * 128;
-  const Buffer xp = aligned_words((a.m + 1) * padded);
-  pack_fp4_x(a.x, a.ldx, a.m, a.w->cols, padded, xp.get());
+  Buffer<uint16_t> xp_buffer;
+  uint16_t* xp = xp_buffer.ensure(static_cast<size_t>((a.m + 1) * padded));
+  pack_fp4_x(a.x, a.ldx, a.m, a.w->cols, padded, xp);
   if (a.m >= kQuantPanelMinRowsFp4) {
     const Fp4Panel<NV> source{a.w, _mm512_set1_ps(g * 0x1p120f)};
-    return quant_panel_linear(a, xp.get(), padded, {&source, fp4_panel<NV>, reference});
+    return quant_panel_linear(a, xp, padded, {&source, fp4_panel<NV>, reference});
   }
-  stream(a, a.n0, a.n1, Fp4Tile<NV>{a, xp.get(), padded, _mm512_set1_ps(g * 0x1p120f), reference});
+  stream(a, a.n0, a.n1, Fp4Tile<NV>{a, xp, padded, _mm512_set1_ps(g * 0x1p120f), reference});
 }
 
 }  // namespace
@@ -609,35 +605,35 @@ void linear_fp8_block_medium(const LinearArgs& a) {
   const PackedWeight& w = *a.w;
   const int64_t k = w.cols, padded = (k + 63) / 64 * 64;
   const Fp8Scales scales(w);
+  const Fp8Order order;
   std::vector<float> mult(static_cast<size_t>(k));
   if (a.m < kQuantPanelMinRowsFp8) {
-    const Buffer xq = aligned_words(a.m * padded);
+    Buffer<uint16_t> xq_buffer;
+    uint16_t* xq = xq_buffer.ensure(static_cast<size_t>(a.m * padded));
     for_each_row_block(w, a.n0, a.n1, [&](int64_t s0, int64_t s1) {
       scales.row(s0, mult.data());
       for (int64_t i = 0; i < a.m; ++i)
-        pack_fp8_x_row(a.x + i * a.ldx, k, mult.data(), padded, xq.get() + i * padded, 32);
-      stream(a, s0, s1, Fp8Tile{a, xq.get(), padded});
+        pack_fp8_x_row(order, a.x + i * a.ldx, k, mult.data(), padded, xq + i * padded, 32);
+      stream(a, s0, s1, Fp8Tile{a, xq, padded});
     });
     return;
   }
   using namespace bf16dot_tiles;
-  const int64_t steps = padded / 32, chunk = std::min(a.m, kChunkRows);
-  const Buffer xp = aligned_words(chunk * padded), panel = aligned_words(kGroupCols * padded);
+  const int64_t steps = padded / 32;
+  Buffer<uint16_t> xp_buffer, panel_buffer;
+  uint16_t* xp = xp_buffer.ensure(static_cast<size_t>(std::min(a.m, kChunkRows) * padded));
+  uint16_t* panel = panel_buffer.ensure(static_cast<size_t>(kGroupCols * padded));
   for (int64_t c0 = 0; c0 < a.m; c0 += kChunkRows) {
     const int64_t rows = std::min(kChunkRows, a.m - c0);
     for_each_row_block(w, a.n0, a.n1, [&](int64_t s0, int64_t s1) {
       scales.row(s0, mult.data());
-      // Into bf16dot_tiles' layout: tile t's h rows as [step][row][32] from i0 · steps · 32.
-      for (int64_t t = 0; t < tile_count(rows, steps); ++t) {
-        const int64_t i0 = tile_start(rows, t, steps), h = tile_start(rows, t + 1, steps) - i0;
-        for (int64_t i = 0; i < h; ++i)
-          pack_fp8_x_row(a.x + (c0 + i0 + i) * a.ldx, k, mult.data(), padded,
-                         xp.get() + (i0 * steps + i) * 32, h * 32);
-      }
+      pack_tiles(rows, steps, xp, [&](int64_t i, uint16_t* dst, int64_t step_stride) {
+        pack_fp8_x_row(order, a.x + (c0 + i) * a.ldx, k, mult.data(), padded, dst, step_stride);
+      });
       if (tile_rows(rows, steps) == kWideTileRows)
-        fp8_panel_columns<kWideGroupCols>(a, c0, rows, xp.get(), s0, s1, panel.get());
+        fp8_panel_columns<kWideGroupCols>(a, c0, rows, xp, s0, s1, panel);
       else
-        fp8_panel_columns<kGroupCols>(a, c0, rows, xp.get(), s0, s1, panel.get());
+        fp8_panel_columns<kGroupCols>(a, c0, rows, xp, s0, s1, panel);
     });
   }
 }
