@@ -38,41 +38,42 @@
 namespace xmoe::kernels::avx512_bf16 {
 namespace {
 
-// The FP8 panel path prefetches the raw rows of the group this many groups on (as the BF16 linear does).
-constexpr int64_t kFp8Ahead = 2;
+// The decoded-panel paths prefetch the raw rows of the group this many groups on (as the BF16 linear does).
+constexpr int64_t kPanelAhead = 2;
 
-// FP4 x rows [0, m) (ldx apart) as bf16 in chunk order: position c + 32·s + 2·l + h holds element c + 8·l +
-// 4·h + s (zeros past k); rows `padded` apart from out, which has room for m + 1 rows (the last: one row in
-// k order).
-void pack_fp4_x(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t padded, uint16_t* out) {
-  uint16_t* plain = out + m * padded;
-  // Step s's word 2l + h takes element 8·l + 4·h + s of its chunk; VPERMT2W reads 64 words, so words 0..15
-  // come from elements 0..63 and 16..31 from 64..127 with the same indices mod 64.
-  __m512i order[4];
-  for (int s = 0; s < 4; ++s) {
-    alignas(64) uint16_t idx[32];
-    for (int l = 0; l < 16; ++l)
-      for (int h = 0; h < 2; ++h) idx[2 * l + h] = static_cast<uint16_t>((8 * l + 4 * h + s) % 64);
-    order[s] = _mm512_load_si512(idx);
+// FP4 chunk order: step s's word 2l + h takes element 8·l + 4·h + s of its chunk of 128. VPERMT2W reads 64
+// words, so words 0..15 come from elements 0..63 and 16..31 from 64..127 with the same indices mod 64.
+struct Fp4Order {
+  __m512i step[4];
+  Fp4Order() {
+    for (int s = 0; s < 4; ++s) {
+      alignas(64) uint16_t idx[32];
+      for (int l = 0; l < 16; ++l)
+        for (int h = 0; h < 2; ++h) idx[2 * l + h] = static_cast<uint16_t>((8 * l + 4 * h + s) % 64);
+      step[s] = _mm512_load_si512(idx);
+    }
   }
-  for (int64_t i = 0; i < m; ++i) {
-    const float* row = x + i * ldx;
-    for (int64_t p = 0; p < padded; p += 16) {
-      const int64_t rem = std::clamp<int64_t>(k - p, 0, 16);
+};
+
+// One FP4 x row rounded to bf16 (bf16::from_float), zeros past k, in chunk order: chunk c's step s at
+// dst + (c / 32 + s) · step_stride words.
+void pack_fp4_x_row(const Fp4Order& order, const float* x, int64_t k, int64_t padded, uint16_t* dst,
+                    int64_t step_stride) {
+  alignas(64) uint16_t plain[128];
+  for (int64_t c = 0; c < padded; c += 128) {
+    for (int64_t p = 0; p < 128; p += 16) {
+      const int64_t rem = std::clamp<int64_t>(k - c - p, 0, 16);
       const __mmask16 mask = rem == 16 ? __mmask16(0xffff) : __mmask16((1u << rem) - 1);
       _mm256_store_si256(reinterpret_cast<__m256i*>(plain + p),
-                         round_to_bf16(_mm512_maskz_loadu_epi32(mask, row + p)));
+                         round_to_bf16(_mm512_maskz_loadu_epi32(mask, x + c + p)));
     }
-    uint16_t* dst = out + i * padded;
-    for (int64_t c = 0; c < padded; c += 128) {
-      const __m512i* src = reinterpret_cast<const __m512i*>(plain + c);
-      for (int s = 0; s < 4; ++s) {
-        const __m512i lo =
-            _mm512_permutex2var_epi16(_mm512_load_si512(src), order[s], _mm512_load_si512(src + 1));
-        const __m512i hi =
-            _mm512_permutex2var_epi16(_mm512_load_si512(src + 2), order[s], _mm512_load_si512(src + 3));
-        _mm512_store_si512(dst + c + 32 * s, _mm512_mask_blend_epi16(0xFFFF0000u, lo, hi));
-      }
+    const __m512i* src = reinterpret_cast<const __m512i*>(plain);
+    for (int s = 0; s < 4; ++s) {
+      const __m512i lo =
+          _mm512_permutex2var_epi16(_mm512_load_si512(src), order.step[s], _mm512_load_si512(src + 1));
+      const __m512i hi =
+          _mm512_permutex2var_epi16(_mm512_load_si512(src + 2), order.step[s], _mm512_load_si512(src + 3));
+      _mm512_store_si512(dst + (c / 32 + s) * step_stride, _mm512_mask_blend_epi16(0xFFFF0000u, lo, hi));
     }
   }
 }
@@ -479,28 +480,30 @@ bool fp8_decode_rows(const PackedWeight& w, int64_t n, int64_t rows, uint16_t* p
   return dec.clean();
 }
 
-// Weight rows [s0, s1) (one block of rows) against `rows` x rows from c0, scaled, in chunk order and in
-// bf16dot_tiles' layout in xp: groups of NR rows (the last 1 to NR - 1 rows as one group) decoded into the
-// panel, then bf16dot_tiles' register tiles over it as over BF16 rows of the padded length (the order is the
-// same permutation of k in both operands); the raw rows of the group kFp8Ahead groups on are prefetched into
-// L2 meanwhile.
-template <int NR>
-void fp8_panel_columns(const LinearArgs& a, int64_t c0, int64_t rows, const uint16_t* xp, int64_t s0,
-                       int64_t s1, uint16_t* panel) {
+// Weight rows [s0, s1) against `rows` x rows from c0, in chunk order and in bf16dot_tiles' layout in xp:
+// groups of NR rows (the last 1 to NR - 1 rows as one group) decoded into the panel by
+// decode(w, n, rows, panel, ldp) (rows ldp words apart: k padded to the format's chunk; false when it met a
+// code left to the reference), then bf16dot_tiles' register tiles over it as over BF16 rows of the padded
+// length (the order is the same permutation of k in both operands); the raw rows of the group kPanelAhead
+// groups on are prefetched into L2 meanwhile.
+template <int NR, class Decode>
+void decoded_panel_columns(const LinearArgs& a, int64_t c0, int64_t rows, const uint16_t* xp, int64_t s0,
+                           int64_t s1, uint16_t* panel, int64_t ldp, const Decode& decode,
+                           LinearFn reference) {
   const PackedWeight& w = *a.w;
-  const int64_t ldp = (w.cols + 63) / 64 * 64, steps = ldp / 32;
+  const int64_t steps = ldp / 32;
   const auto* data = reinterpret_cast<const char*>(w.data);
   const auto* weights = reinterpret_cast<const bf16*>(panel);
   float* y = a.y + c0 * a.ldy;
   const auto decoded = [&](int64_t j, int64_t cols) {
-    if (fp8_decode_rows(w, j, cols, panel, ldp)) return true;
-    quant::reference_part(a, reference::linear_fp8_block_medium, c0, rows, j, cols);
+    if (decode(w, j, cols, panel, ldp)) return true;
+    quant::reference_part(a, reference, c0, rows, j, cols);
     return false;
   };
   int64_t j = s0;
   for (; j + NR <= s1; j += NR) {
     if (!decoded(j, NR)) continue;
-    const int64_t ahead = j + kFp8Ahead * NR;
+    const int64_t ahead = j + kPanelAhead * NR;
     const bool next = ahead + NR <= a.n1;
     bf16dot_tiles::group<NR>(xp, rows, steps, weights, ldp, ldp, y + j, a.ldy,
                              next ? data + ahead * w.row_bytes : nullptr, next ? NR * w.row_bytes : 0);
@@ -588,8 +591,10 @@ void fp4_linear(const LinearArgs& a, WeightFormat format, LinearFn reference) {
   if (NV && (!(std::fabs(g) < 0x1p8f) || (_mm_getcsr() & kDenormalsAreZero) != 0)) return reference(a);
   const int64_t padded = (a.w->cols + 127) / 128 * 128;
   Buffer<uint16_t> xp_buffer;
-  uint16_t* xp = xp_buffer.ensure(static_cast<size_t>((a.m + 1) * padded));
-  pack_fp4_x(a.x, a.ldx, a.m, a.w->cols, padded, xp);
+  uint16_t* xp = xp_buffer.ensure(static_cast<size_t>(a.m * padded));
+  const Fp4Order order;
+  for (int64_t i = 0; i < a.m; ++i)
+    pack_fp4_x_row(order, a.x + i * a.ldx, a.w->cols, padded, xp + i * padded, 32);
   if (a.m >= kQuantPanelMinRowsFp4) {
     const Fp4Panel<NV> source{a.w, _mm512_set1_ps(g * 0x1p120f)};
     return quant_panel_linear(a, xp, padded, {&source, fp4_panel<NV>, reference});
@@ -631,9 +636,11 @@ void linear_fp8_block_medium(const LinearArgs& a) {
         pack_fp8_x_row(order, a.x + (c0 + i) * a.ldx, k, mult.data(), padded, dst, step_stride);
       });
       if (tile_rows(rows, steps) == kWideTileRows)
-        fp8_panel_columns<kWideGroupCols>(a, c0, rows, xp, s0, s1, panel);
+        decoded_panel_columns<kWideGroupCols>(a, c0, rows, xp, s0, s1, panel, padded, fp8_decode_rows,
+                                              reference::linear_fp8_block_medium);
       else
-        fp8_panel_columns<kGroupCols>(a, c0, rows, xp, s0, s1, panel);
+        decoded_panel_columns<kGroupCols>(a, c0, rows, xp, s0, s1, panel, padded, fp8_decode_rows,
+                                          reference::linear_fp8_block_medium);
     });
   }
 }
