@@ -154,8 +154,9 @@ struct Shape {
 // tile at the threshold, one more row makes tiles of two heights) and one that needs two L2 blocks of x rows
 // at k = 2048.
 std::vector<int64_t> panel_row_counts(WeightFormat f) {
-  const int64_t t =
-      f == WeightFormat::fp8_block ? avx512_bf16::kQuantPanelMinRowsFp8 : avx512_bf16::kQuantPanelMinRowsFp4;
+  const int64_t t = f == WeightFormat::fp8_block ? avx512_bf16::kQuantPanelMinRowsFp8
+                    : f == WeightFormat::mxfp4   ? avx512_bf16::kQuantPanelMinRowsMxfp4
+                                                 : avx512_bf16::kQuantPanelMinRowsNvfp4;
   return {t - 1, t, t + 1, 130};
 }
 
@@ -304,8 +305,8 @@ TEST(QuantMedium, Fp8ScaledActivationsRoundAsTheInstruction) {
   expect_same(run(*fast, w, x4, 4, k, 0, n, n), want4, "fp8 scaled activations, decode batch");
 }
 
-// Scale codes the fast decode leaves to the reference (MXFP4 0xFF and 0, NVFP4 0x7F), an NVFP4 global scale
-// ≥ 2^8 and E4M3 subnormal scales under denormals-are-zero: still the reference's bits.
+// Scale codes the fast decode leaves to the reference (MXFP4 outside 2..252, NVFP4 0x7F), an NVFP4 global
+// scale ≥ 2^8 and E4M3 subnormal scales under denormals-are-zero: still the reference's bits.
 TEST(QuantMedium, Fp4ScaleEdgeCases) {
   const KernelTable* fast = medium_fast();
   if (fast == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
@@ -314,6 +315,8 @@ TEST(QuantMedium, Fp4ScaleEdgeCases) {
   auto mx = quantize_mxfp4(random_values(static_cast<size_t>(n * k), rng).data(), n, k);
   mx.scales[static_cast<size_t>(2 * (k / 32) + 3)] = 0xFF;
   mx.scales[static_cast<size_t>(7 * (k / 32) + 9)] = 0x00;  // 2^-127, in the k tail chunk
+  mx.scales[static_cast<size_t>(4 * (k / 32) + 5)] = 1;     // codes the exact bf16 scaling leaves out
+  mx.scales[static_cast<size_t>(8 * (k / 32) + 2)] = 253;
   auto nv = quantize_nvfp4(random_values(static_cast<size_t>(n * k), rng).data(), n, k);
   nv.scales[static_cast<size_t>(5 * (k / 16) + 1)] = 0x7F;
   for (size_t i = 0; i < nv.scales.size(); i += 3) nv.scales[i] = static_cast<uint8_t>(i % 8);  // subnormals
@@ -337,6 +340,43 @@ TEST(QuantMedium, Fp4ScaleEdgeCases) {
       _mm_setcsr(csr);
       expect_same(got_daz, want_daz, what + " under DAZ");
     }
+}
+
+// MXFP4's register path accumulates in the scaled domain (powers of two between blocks), which is exact only
+// while nothing leaves f32's normal range; its guards must send the rest to the reference. A row whose scale
+// drops from 2^73 to 2^-125 would overflow on rescaling, activations of 2^126 against codes of 2^-100 would
+// overflow as scaled-domain products; the reference's outputs are finite. Codes 127 ± 32 (the guard's edge)
+// and activations of 2^±64 stay on the fast path and still give the reference's bits.
+TEST(QuantMedium, Mxfp4ScaledDomainGuards) {
+  std::mt19937 rng(29);
+  const int64_t n = 4, k = 256, blocks = k / 32;
+  auto mx = quantize_mxfp4(random_values(static_cast<size_t>(n * k), rng).data(), n, k);
+  for (int64_t b = 0; b < blocks; ++b) {
+    mx.scales[static_cast<size_t>(0 * blocks + b)] = b < blocks / 2 ? 200 : 2;
+    mx.scales[static_cast<size_t>(1 * blocks + b)] = 27;
+    mx.scales[static_cast<size_t>(2 * blocks + b)] = b % 2 == 0 ? 127 - 32 : 127 + 32;
+    mx.scales[static_cast<size_t>(3 * blocks + b)] = 127;
+  }
+  const PackedWeight w = mx.view();
+  for (const float big : {0x1p126f, 0x1p64f, 0x1p-64f}) {
+    const int64_t m = 3;
+    auto x = random_values(static_cast<size_t>(m * k), rng);
+    for (int64_t p = 5; p < k; p += 17) x[static_cast<size_t>(k + p)] = p % 2 == 0 ? big : -big;
+    const auto want = run(medium_reference(), w, x, m, k, 0, n, n);
+    const std::string what = "mxfp4 guards, activations " + std::to_string(std::log2(big));
+    // the cases the scaled domain would overflow: weight row 0 with a plain x row, row 1 with the big one
+    EXPECT_TRUE(std::isfinite(want[0 * n + 0]) && std::isfinite(want[2 * n + 0])) << what;
+    EXPECT_TRUE(std::isfinite(want[1 * n + 1])) << what;
+    const KernelTable* fast = medium_fast();
+    if (fast == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+    ASSERT_LT(m, avx512_bf16::kQuantPanelMinRowsMxfp4);
+    expect_same(run(*fast, w, x, m, k, 0, n, n), want, what);
+    for (int64_t i = 0; i < m; ++i) {
+      const std::vector<float> row(x.begin() + i * k, x.begin() + (i + 1) * k);
+      const std::vector<float> want_row(want.begin() + i * n, want.begin() + (i + 1) * n);
+      expect_same(run(*fast, w, row, 1, k, 0, n, n), want_row, what + " row " + std::to_string(i) + " alone");
+    }
+  }
 }
 
 // The fast FP4 path decodes each row's scale codes 32 at a time (NVFP4: 512 columns, MXFP4: 1024) and checks

@@ -145,8 +145,15 @@ inline __m512i e2m1_bf16_table() {
 //    for codes 0..0x7E; times the global scale × 2^120 it is the reference's product where that is exact
 //    (checked by the caller). Negative scale codes and NaN (0x7F, 0xFF) are left to the reference: a
 //    running max of the codes.
-//  * MXFP4: code << 7 in the high word is 2^(code - 127), exact but for codes 0 (a subnormal) and 0xFF (NaN):
-//    a running min and max.
+//  * MXFP4: code << 7 minus 127 << 7 is the exponent change (code - 127) in bf16 position, which added to a
+//    nonzero E2M1 value's bf16 bits gives value · 2^(code - 127) exactly while the exponent stays normal:
+//    codes 2..252; a running min and max leave the others to the reference.
+// MXFP4's fast paths take scale codes 127 ± this (multipliers 2^-32 .. 2^32) and activations whose bf16 is
+// zero or within 2^±64: then every product and partial sum, scaled by the accumulators' powers of two or
+// not, stays in f32's normal range (a product has at most 10 significant bits, so a nonzero partial sum is
+// at least 2^-106), and the scaled-domain chains give the reference's bits. Anything else runs the reference.
+constexpr int kMxfp4ScaleReach = 32;
+
 template <bool NV>
 struct Fp4Scales {
   static constexpr int64_t kBlock = NV ? 16 : 32;
@@ -164,6 +171,12 @@ struct Fp4Scales {
     }
     return _mm512_load_si512(idx);
   }
+  // Both words of lane l read code l · kCodesPerChunk / 16 (MXFP4's per-lane exponent change).
+  static __m512i full_first_index() {
+    alignas(64) uint16_t idx[32];
+    for (int w = 0; w < 32; ++w) idx[w] = static_cast<uint16_t>(w / 2 * kCodesPerChunk / 16);
+    return _mm512_load_si512(idx);
+  }
   static __m512i next_index(__m512i index) {
     return _mm512_add_epi16(index, _mm512_set1_epi16(kCodesPerChunk));
   }
@@ -171,20 +184,42 @@ struct Fp4Scales {
   // and their lanes are masked off) as words in multiplier position.
   __m512i words(const uint8_t* p, int64_t count) {
     const __mmask32 m = count >= 32 ? ~__mmask32(0) : (__mmask32(1) << count) - 1;
-    const __m256i q = NV ? _mm256_maskz_loadu_epi8(m, p) : _mm256_mask_loadu_epi8(_mm256_set1_epi8(1), m, p);
+    const __m256i q =
+        NV ? _mm256_maskz_loadu_epi8(m, p) : _mm256_mask_loadu_epi8(_mm256_set1_epi8(127), m, p);
     hi = _mm256_max_epu8(hi, q);
     if constexpr (!NV) lo = _mm256_min_epu8(lo, q);
     return _mm512_slli_epi16(_mm512_cvtepu8_epi16(q), NV ? 4 : 7);
   }
+  // MXFP4: word w of (previous, words) -> slot w - kCodesPerChunk, from the previous group below 0.
+  static __m512i previous_slot_index() {
+    alignas(64) uint16_t idx[32];
+    for (int w = 0; w < 32; ++w)
+      idx[w] = static_cast<uint16_t>(w >= kCodesPerChunk ? 32 + w - kCodesPerChunk : 32 - kCodesPerChunk + w);
+    return _mm512_load_si512(idx);
+  }
+  // MXFP4: each lane's multiplier 2^(code - 127) as f32 bits (index from first_index()).
+  static __m512i multiplier_bits(__m512i words, __m512i index) {
+    return _mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, index, words);
+  }
+  // MXFP4: the exponent change of each lane of a chunk (words from words(), index from full_first_index()).
+  static __m512i exponent_change(__m512i words, __m512i full_index) {
+    return _mm512_sub_epi16(_mm512_permutexvar_epi16(full_index, words), _mm512_set1_epi16(127 << 7));
+  }
+  // E2M1 bf16 bits times 2^(code - 127): the exponent change added to the nonzero values.
+  static __m512bh scaled(__m512i value, __m512i change) {
+    const __mmask32 nonzero = _mm512_test_epi16_mask(value, _mm512_set1_epi16(0x7FFF));
+    return (__m512bh)_mm512_mask_add_epi16(value, nonzero, value, change);
+  }
+  // NVFP4: the chunk's lanes' multipliers (index from first_index()).
   __m512 chunk(__m512i words, __m512i index) const {
-    const __m512 v = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, index, words));
-    if constexpr (NV) return _mm512_mul_ps(v, global);
-    return v;
+    static_assert(NV, "MXFP4 scales the codes instead (exponent_change, scaled)");
+    return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, index, words)),
+                         global);
   }
   bool clean() const {
     if constexpr (NV) return _mm256_cmpgt_epu8_mask(hi, _mm256_set1_epi8(0x7E)) == 0;
-    return _mm256_cmpgt_epu8_mask(hi, _mm256_set1_epi8(static_cast<char>(0xFE))) == 0 &&
-           _mm256_cmpeq_epi8_mask(lo, _mm256_setzero_si256()) == 0;
+    return _mm256_cmpgt_epu8_mask(hi, _mm256_set1_epi8(static_cast<char>(127 + kMxfp4ScaleReach))) == 0 &&
+           _mm256_cmplt_epu8_mask(lo, _mm256_set1_epi8(127 - kMxfp4ScaleReach)) == 0;
   }
 };
 
@@ -203,6 +238,17 @@ bool fp4_tile(const uint8_t* data, int64_t row_bytes, const uint8_t* codes, int6
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  // MXFP4: the accumulators run in the scaled domain, acc = Σ x · w · 2^(code - 127) / 2^(current code -
+  // 127), so the products take the raw E2M1 values; between chunks each lane's accumulator is multiplied by
+  // 2^(previous - current), at the end by 2^(last - 127). Powers of two commute with every rounding while no
+  // value leaves the normal range, which the caller's guards ensure (linear_quant_bf16dot.hpp).
+  // Each lane's ratio per chunk comes from one permute of ratio words, (previous code - code + 127) << 7,
+  // made once per 32 codes: a lane reads code slot 4t + l / 4 in chunk t, so its previous code is 4 slots
+  // back (in the previous group's words for t = 0; 127, i.e. 2^0, before the first).
+  __m512i previous[NR], last_index = Scales::first_index();  // previous: the last group's words at the end
+#pragma GCC unroll 8
+  for (int j = 0; j < NR; ++j) previous[j] = _mm512_set1_epi16(127 << 7);
+  const __m512i back = Scales::previous_slot_index();
   constexpr int64_t kGroup = 128 * Scales::kGroupChunks;
   for (int64_t g = 0; g < k; g += kGroup) {
     __m512i words[NR];
@@ -211,6 +257,16 @@ bool fp4_tile(const uint8_t* data, int64_t row_bytes, const uint8_t* codes, int6
       const uint8_t* q = codes + j * code_stride + g / Scales::kBlock;
       if (codes_ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(q + codes_ahead), _MM_HINT_T1);
       words[j] = scales.words(q, (k - g) / Scales::kBlock);
+    }
+    __m512i ratio_words[NR];
+    if constexpr (!NV) {
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) {
+        ratio_words[j] = _mm512_add_epi16(
+            _mm512_sub_epi16(_mm512_permutex2var_epi16(previous[j], back, words[j]), words[j]),
+            _mm512_set1_epi16(127 << 7));
+        previous[j] = words[j];
+      }
     }
     __m512i index = Scales::first_index();
     for (int64_t c = g; c < std::min(k, g + kGroup); c += 128, index = Scales::next_index(index)) {
@@ -222,32 +278,61 @@ bool fp4_tile(const uint8_t* data, int64_t row_bytes, const uint8_t* codes, int6
         if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(d + ahead), _MM_HINT_T1);
         raw[j] = left >= 128 ? _mm512_loadu_si512(d) : _mm512_maskz_loadu_epi8(byte_mask(left / 2), d);
       }
-      __m512 part[MR][NR];
-#pragma GCC unroll 4
-      for (int s = 0; s < 4; ++s) {
-        __m512bh wv[NR];
+      if constexpr (!NV) {  // one plain chain per output, in the scaled domain
+        last_index = index;
 #pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j)
-          wv[j] = (__m512bh)_mm512_permutexvar_epi16(
-              s == 0 ? raw[j] : _mm512_srli_epi16(raw[j], static_cast<unsigned>(4 * s)), table);
+        for (int j = 0; j < NR; ++j) {
+          const __m512 ratio = _mm512_castsi512_ps(Scales::multiplier_bits(ratio_words[j], index));
 #pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i) {
-          const __m512bh xv = (__m512bh)_mm512_load_si512(xp + i * padded + c + 32 * s);
+          for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_mul_ps(acc[i][j], ratio);
+        }
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; ++s) {
+          __m512bh wv[NR];
 #pragma GCC unroll 8
           for (int j = 0; j < NR; ++j)
-            part[i][j] = _mm512_dpbf16_ps(s == 0 ? _mm512_setzero_ps() : part[i][j], xv, wv[j]);
-        }
-      }
-      const __mmask16 lanes = lane_mask(left / 8);
-#pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) {
-        const __m512 mult = scales.chunk(words[j], index);
+            wv[j] = (__m512bh)_mm512_permutexvar_epi16(
+                s == 0 ? raw[j] : _mm512_srli_epi16(raw[j], static_cast<unsigned>(4 * s)), table);
 #pragma GCC unroll 4
-        for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_mask3_fmadd_ps(part[i][j], mult, acc[i][j], lanes);
+          for (int i = 0; i < MR; ++i) {
+            const __m512bh xv = (__m512bh)_mm512_load_si512(xp + i * padded + c + 32 * s);
+#pragma GCC unroll 8
+            for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+          }
+        }
+      } else {  // NVFP4: partial sums, then the multiplier
+        __m512 part[MR][NR];
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; ++s) {
+          __m512bh wv[NR];
+#pragma GCC unroll 8
+          for (int j = 0; j < NR; ++j)
+            wv[j] = (__m512bh)_mm512_permutexvar_epi16(
+                s == 0 ? raw[j] : _mm512_srli_epi16(raw[j], static_cast<unsigned>(4 * s)), table);
+#pragma GCC unroll 4
+          for (int i = 0; i < MR; ++i) {
+            const __m512bh xv = (__m512bh)_mm512_load_si512(xp + i * padded + c + 32 * s);
+#pragma GCC unroll 8
+            for (int j = 0; j < NR; ++j)
+              part[i][j] = _mm512_dpbf16_ps(s == 0 ? _mm512_setzero_ps() : part[i][j], xv, wv[j]);
+          }
+        }
+        const __mmask16 lanes = lane_mask(left / 8);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) {
+          const __m512 mult = scales.chunk(words[j], index);
+#pragma GCC unroll 4
+          for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_mask3_fmadd_ps(part[i][j], mult, acc[i][j], lanes);
+        }
       }
     }
   }
   if (!scales.clean()) return false;
+  if constexpr (!NV)
+    for (int j = 0; j < NR; ++j) {
+      const __m512 last = _mm512_castsi512_ps(Scales::multiplier_bits(previous[j], last_index));
+      for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_mul_ps(acc[i][j], last);
+    }
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[i][j]);
   return true;
@@ -480,6 +565,40 @@ bool fp8_decode_rows(const PackedWeight& w, int64_t n, int64_t rows, uint16_t* p
   return dec.clean();
 }
 
+// MXFP4 rows [n, n + rows) as bf16 weights (E2M1 value · 2^(code - 127), exact) in chunk order, row j at
+// panel + j · ldp (ldp: k padded to 128; codes past k read as zeros); false when a scale code outside 2..252
+// was met.
+bool mxfp4_decode_rows(const PackedWeight& w, int64_t n, int64_t rows, uint16_t* panel, int64_t ldp) {
+  using Scales = Fp4Scales<false>;
+  constexpr int64_t kGroup = 128 * Scales::kGroupChunks;
+  const int64_t k = w.cols;
+  const __m512i table = e2m1_bf16_table();
+  Scales scales{_mm512_setzero_ps()};
+  for (int64_t j = 0; j < rows; ++j) {
+    const auto* row = reinterpret_cast<const uint8_t*>(w.data) + (n + j) * w.row_bytes;
+    const auto* codes = reinterpret_cast<const uint8_t*>(w.scales) + (n + j) * w.scale_row_stride;
+    __m512i words = _mm512_setzero_si512(), index = Scales::full_first_index();
+    for (int64_t c = 0; c < k; c += 128, index = Scales::next_index(index)) {
+      const int64_t left = k - c;
+      if (c % kGroup == 0) {  // the next 32 scale codes, as fp4_tile takes them
+        words = scales.words(codes + c / Scales::kBlock, left / Scales::kBlock);
+        index = Scales::full_first_index();
+      }
+      const __m512i raw = left >= 128 ? _mm512_loadu_si512(row + c / 2)
+                                      : _mm512_maskz_loadu_epi8(byte_mask(left / 2), row + c / 2);
+      const __m512i change = Scales::exponent_change(words, index);
+      for (int s = 0; s < 4; ++s)
+        _mm512_store_si512(
+            panel + j * ldp + c + 32 * s,
+            (__m512i)Scales::scaled(
+                _mm512_permutexvar_epi16(s == 0 ? raw : _mm512_srli_epi16(raw, static_cast<unsigned>(4 * s)),
+                                         table),
+                change));
+    }
+  }
+  return scales.clean();
+}
+
 // Weight rows [s0, s1) against `rows` x rows from c0, in chunk order and in bf16dot_tiles' layout in xp:
 // groups of NR rows (the last 1 to NR - 1 rows as one group) decoded into the panel by
 // decode(w, n, rows, panel, ldp) (rows ldp words apart: k padded to the format's chunk; false when it met a
@@ -533,19 +652,17 @@ void decoded_panel_columns(const LinearArgs& a, int64_t c0, int64_t rows, const 
   }
 }
 
-template <bool NV>
-struct Fp4Panel {
+struct Nvfp4Panel {
   const PackedWeight* w;
   __m512 global;
 };
 
-template <bool NV>
-bool fp4_panel(const void* context, int64_t n, int rows, uint16_t* panel) {
-  const Fp4Panel<NV>& p = *static_cast<const Fp4Panel<NV>*>(context);
+bool nvfp4_panel(const void* context, int64_t n, int rows, uint16_t* panel) {
+  const Nvfp4Panel& p = *static_cast<const Nvfp4Panel*>(context);
   const PackedWeight& w = *p.w;
   const int64_t k = w.cols;
   const __m512i table = e2m1_bf16_table();
-  using Scales = Fp4Scales<NV>;
+  using Scales = Fp4Scales<true>;
   constexpr int64_t kGroup = 128 * Scales::kGroupChunks;
   Scales scales{p.global};
   for (int j = 0; j < rows; ++j) {
@@ -580,6 +697,18 @@ bool fp4_panel(const void* context, int64_t n, int rows, uint16_t* panel) {
   return scales.clean();
 }
 
+// Whether every packed bf16 activation is zero or of magnitude in [2^-64, 2^64) (kMxfp4ScaleReach's guard).
+bool mxfp4_x_in_range(const uint16_t* xp, int64_t words) {
+  __mmask32 bad = 0;
+  for (int64_t p = 0; p < words; p += 32) {
+    const __m512i mag = _mm512_and_si512(_mm512_load_si512(xp + p), _mm512_set1_epi16(0x7FFF));
+    const __mmask32 nonzero = _mm512_test_epi16_mask(mag, mag);
+    bad |= _mm512_mask_cmplt_epu16_mask(nonzero, mag, _mm512_set1_epi16(0x1F80)) |
+           _mm512_mask_cmpgt_epu16_mask(nonzero, mag, _mm512_set1_epi16(0x5F7F));
+  }
+  return bad == 0;
+}
+
 template <bool NV>
 void fp4_linear(const LinearArgs& a, WeightFormat format, LinearFn reference) {
   quant::check_linear_args(a, format);
@@ -595,9 +724,12 @@ void fp4_linear(const LinearArgs& a, WeightFormat format, LinearFn reference) {
   const Fp4Order order;
   for (int64_t i = 0; i < a.m; ++i)
     pack_fp4_x_row(order, a.x + i * a.ldx, a.w->cols, padded, xp + i * padded, 32);
-  if (a.m >= kQuantPanelMinRowsFp4) {
-    const Fp4Panel<NV> source{a.w, _mm512_set1_ps(g * 0x1p120f)};
-    return quant_panel_linear(a, xp, padded, {&source, fp4_panel<NV>, reference});
+  if (!NV && !mxfp4_x_in_range(xp, a.m * padded)) return reference(a);
+  if constexpr (NV) {  // MXFP4 takes decoded panels from fewer rows (linear_mxfp4_medium)
+    if (a.m >= kQuantPanelMinRowsNvfp4) {
+      const Nvfp4Panel source{a.w, _mm512_set1_ps(g * 0x1p120f)};
+      return quant_panel_linear(a, xp, padded, {&source, nvfp4_panel, reference});
+    }
   }
   stream(a, a.n0, a.n1, Fp4Tile<NV>{a, xp, padded, _mm512_set1_ps(g * 0x1p120f), reference});
 }
@@ -645,7 +777,28 @@ void linear_fp8_block_medium(const LinearArgs& a) {
   }
 }
 void linear_mxfp4_medium(const LinearArgs& a) {
-  fp4_linear<false>(a, WeightFormat::mxfp4, reference::linear_mxfp4_medium);
+  quant::check_linear_args(a, WeightFormat::mxfp4);
+  if (a.m == 0 || a.n0 == a.n1) return;
+  if (a.m < kQuantPanelMinRowsMxfp4)
+    return fp4_linear<false>(a, WeightFormat::mxfp4, reference::linear_mxfp4_medium);
+  using namespace bf16dot_tiles;
+  const int64_t k = a.w->cols, padded = (k + 127) / 128 * 128, steps = padded / 32;
+  Buffer<uint16_t> xp_buffer, panel_buffer;
+  uint16_t* xp = xp_buffer.ensure(static_cast<size_t>(std::min(a.m, kChunkRows) * padded));
+  uint16_t* panel = panel_buffer.ensure(static_cast<size_t>(kGroupCols * padded));
+  const Fp4Order order;
+  for (int64_t c0 = 0; c0 < a.m; c0 += kChunkRows) {
+    const int64_t rows = std::min(kChunkRows, a.m - c0);
+    pack_tiles(rows, steps, xp, [&](int64_t i, uint16_t* dst, int64_t step_stride) {
+      pack_fp4_x_row(order, a.x + (c0 + i) * a.ldx, k, padded, dst, step_stride);
+    });
+    if (tile_rows(rows, steps) == kWideTileRows)
+      decoded_panel_columns<kWideGroupCols>(a, c0, rows, xp, a.n0, a.n1, panel, padded, mxfp4_decode_rows,
+                                            reference::linear_mxfp4_medium);
+    else
+      decoded_panel_columns<kGroupCols>(a, c0, rows, xp, a.n0, a.n1, panel, padded, mxfp4_decode_rows,
+                                        reference::linear_mxfp4_medium);
+  }
 }
 void linear_nvfp4_medium(const LinearArgs& a) {
   fp4_linear<true>(a, WeightFormat::nvfp4, reference::linear_nvfp4_medium);

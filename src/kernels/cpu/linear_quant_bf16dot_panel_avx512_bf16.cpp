@@ -1,4 +1,4 @@
-// The panel path of the FP4 `medium` linears (linear_quant_bf16dot_panel_avx512_bf16.hpp). With many
+// The panel path of the NVFP4 `medium` linear (linear_quant_bf16dot_panel_avx512_bf16.hpp). With many
 // x rows, decoding the weights in registers for every small tile of x rows costs as much as the products and
 // streams all of x past every few weight rows. Here the x rows are taken in blocks that stay in L2; for each
 // block, each group of NR weight rows is decoded once into an L1-sized panel (the exact words and multipliers

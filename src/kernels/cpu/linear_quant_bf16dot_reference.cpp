@@ -14,8 +14,21 @@
 namespace xmoe::kernels::reference {
 namespace {
 
-void linear_fp4_medium(const LinearArgs& a, WeightFormat format) {
-  quant::check_linear_args(a, format);
+// Position q's element in chunk order: in each chunk of `chunk` (64 or 128), step s's word 2l + h holds
+// element (chunk / 16)·l + (chunk / 32)·h + s.
+std::vector<int64_t> chunk_order(int64_t padded, int64_t chunk) {
+  std::vector<int64_t> element(static_cast<size_t>(padded));
+  for (int64_t q = 0; q < padded; ++q) {
+    const int64_t r = q % chunk, s = r / 32, l = r % 32 / 2, h = r % 2;
+    element[q] = q - r + chunk / 16 * l + chunk / 32 * h + s;
+  }
+  return element;
+}
+
+}  // namespace
+
+void linear_nvfp4_medium(const LinearArgs& a) {
+  quant::check_linear_args(a, WeightFormat::nvfp4);
   const PackedWeight& w = *a.w;
   const int64_t k = w.cols, chunk = kFp4Bf16DotChunk, steps = chunk / 32;
   // Weights and x as bf16 bits, zeros past k.
@@ -48,18 +61,11 @@ void linear_fp4_medium(const LinearArgs& a, WeightFormat format) {
   }
 }
 
-}  // namespace
-
 void linear_fp8_block_medium(const LinearArgs& a) {
   quant::check_linear_args(a, WeightFormat::fp8_block);
   const PackedWeight& w = *a.w;
   const int64_t k = w.cols, padded = (k + 63) / 64 * 64;
-  // Position q's element: in each block of 64, step s's word 2l + h holds element 4l + 2h + s.
-  std::vector<int64_t> element(static_cast<size_t>(padded));
-  for (int64_t q = 0; q < padded; ++q) {
-    const int64_t r = q % 64, s = r / 32, l = r % 32 / 2, h = r % 2;
-    element[q] = q - r + 4 * l + 2 * h + s;
-  }
+  const std::vector<int64_t> element = chunk_order(padded, 64);
   std::vector<uint16_t> wb(static_cast<size_t>(padded)), xb(wb.size());
   std::vector<float> mult(static_cast<size_t>(k));
   for (int64_t n = a.n0; n < a.n1; ++n) {
@@ -80,11 +86,32 @@ void linear_fp8_block_medium(const LinearArgs& a) {
     }
   }
 }
-void linear_mxfp4_medium(const LinearArgs& args) {
-  linear_fp4_medium(args, WeightFormat::mxfp4);
-}
-void linear_nvfp4_medium(const LinearArgs& args) {
-  linear_fp4_medium(args, WeightFormat::nvfp4);
+void linear_mxfp4_medium(const LinearArgs& a) {
+  quant::check_linear_args(a, WeightFormat::mxfp4);
+  const PackedWeight& w = *a.w;
+  const int64_t k = w.cols, padded = (k + kFp4Bf16DotChunk - 1) / kFp4Bf16DotChunk * kFp4Bf16DotChunk;
+  const std::vector<int64_t> element = chunk_order(padded, kFp4Bf16DotChunk);
+  std::vector<uint16_t> wb(static_cast<size_t>(padded)), xb(wb.size());
+  for (int64_t n = a.n0; n < a.n1; ++n) {
+    for (int64_t q = 0; q < padded; ++q) {
+      const int64_t p = element[q];
+      if (p >= k) {
+        wb[q] = 0;
+        continue;
+      }
+      const uint8_t byte = static_cast<uint8_t>(w.data[n * w.row_bytes + p / 2]);
+      // exact for scale codes 2..252: an E2M1 value times a power of two in bf16's normal range
+      wb[q] = bf16::from_float(quant::e2m1_to_f32(p % 2 == 0 ? byte & 0xF : byte >> 4) *
+                               quant::block_multiplier(w, n, p));
+    }
+    for (int64_t i = 0; i < a.m; ++i) {
+      for (int64_t q = 0; q < padded; ++q) {
+        const int64_t p = element[q];
+        xb[q] = p < k ? bf16::from_float(a.x[i * a.ldx + p]) : 0;
+      }
+      a.y[i * a.ldy + n] = bf16dot_row(xb.data(), wb.data(), padded / kBf16DotStep);
+    }
+  }
 }
 
 }  // namespace xmoe::kernels::reference
