@@ -33,17 +33,27 @@ struct FreeDeleter {
 // slower (the weights stream at ~12 GB/s there, and a group computes for only a few microseconds).
 constexpr int64_t kAhead = 2;
 
-// The columns [n0, n1) for one chunk of packed x rows, NR weight rows at a time, then one at a time.
+// Decode (one x row) takes one weight row at a time and prefetches the row at least kDecodeAheadBytes on, as
+// the f32 decode does (linear_avx512.cpp): one stream per thread keeps Zen 4's DRAM pages and L2 prefetcher
+// on one page at a time. One decode step of the 8-layer Qwen3-30B-A3B shape (`xmoe linear-bench --model
+// DIR --matmul-precision medium`, 2 threads, alternated runs while the read probe read 46-54 GB/s): lm_head
+// 40-42 GB/s with 6-row groups, 42-43 with 2-row groups 4-8 rows ahead, 46-52 with 1 row 4-16 rows (16-64
+// KiB) ahead; routed experts 39-40 → 41-45, attention 33-34 → 36-39. In the machine's ~35 GB/s state all
+// read alike (within 1 GB/s).
+constexpr int64_t kDecodeAheadBytes = 16 << 10;
+
+// The columns [n0, n1) for one chunk of packed x rows, NR weight rows at a time, then one at a time; each
+// group prefetches the rows `ahead_rows` on.
 template <int NR>
 void chunk_columns(const uint16_t* xp, int64_t rows, int64_t steps, const bf16* w, int64_t ldw, int64_t k,
-                   int64_t n0, int64_t n1, float* y, int64_t ldy) {
+                   int64_t n0, int64_t n1, float* y, int64_t ldy, int64_t ahead_rows) {
   const auto row_ptr = [&](int64_t j) { return reinterpret_cast<const char*>(w + j * ldw); };
   const auto bytes_of_rows = [&](int64_t r0, int64_t r1) { return (r1 - r0) * ldw * 2; };
-  for (int64_t b = 0; b < bytes_of_rows(n0, std::min(n1, n0 + kAhead * NR)); b += 64)
+  for (int64_t b = 0; b < bytes_of_rows(n0, std::min(n1, n0 + ahead_rows)); b += 64)
     _mm_prefetch(row_ptr(n0) + b, _MM_HINT_T1);
   int64_t j = n0;
   for (; j + NR <= n1; j += NR) {
-    const int64_t ahead = std::min(n1, j + kAhead * NR);
+    const int64_t ahead = std::min(n1, j + ahead_rows);
     group<NR>(xp, rows, steps, w + j * ldw, ldw, k, y + j, ldy, row_ptr(ahead),
               bytes_of_rows(ahead, std::min(n1, ahead + NR)));
   }
@@ -63,10 +73,14 @@ void linear_bf16_medium(const LinearArgs& a) {
     const int64_t rows = std::min(kChunkRows, a.m - c0);
     pack_x(a.x + c0 * a.ldx, a.ldx, rows, k, xp.get());
     float* y = a.y + c0 * a.ldy;
-    if (tile_rows(rows, steps) == kWideTileRows)
-      chunk_columns<kWideGroupCols>(xp.get(), rows, steps, w, ldw, k, a.n0, a.n1, y, a.ldy);
+    if (rows == 1)
+      chunk_columns<1>(xp.get(), rows, steps, w, ldw, k, a.n0, a.n1, y, a.ldy,
+                       std::max<int64_t>(1, (kDecodeAheadBytes + ldw * 2 - 1) / (ldw * 2)));
+    else if (tile_rows(rows, steps) == kWideTileRows)
+      chunk_columns<kWideGroupCols>(xp.get(), rows, steps, w, ldw, k, a.n0, a.n1, y, a.ldy,
+                                    kAhead * kWideGroupCols);
     else
-      chunk_columns<kGroupCols>(xp.get(), rows, steps, w, ldw, k, a.n0, a.n1, y, a.ldy);
+      chunk_columns<kGroupCols>(xp.get(), rows, steps, w, ldw, k, a.n0, a.n1, y, a.ldy, kAhead * kGroupCols);
   }
 }
 
