@@ -278,30 +278,9 @@ bool fp4_tile(const uint8_t* data, int64_t row_bytes, const uint8_t* codes, int6
         if (ahead != 0) _mm_prefetch(reinterpret_cast<const char*>(d + ahead), _MM_HINT_T1);
         raw[j] = left >= 128 ? _mm512_loadu_si512(d) : _mm512_maskz_loadu_epi8(byte_mask(left / 2), d);
       }
-      if constexpr (!NV) {  // one plain chain per output, in the scaled domain
-        last_index = index;
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) {
-          const __m512 ratio = _mm512_castsi512_ps(Scales::multiplier_bits(ratio_words[j], index));
-#pragma GCC unroll 4
-          for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_mul_ps(acc[i][j], ratio);
-        }
-#pragma GCC unroll 4
-        for (int s = 0; s < 4; ++s) {
-          __m512bh wv[NR];
-#pragma GCC unroll 8
-          for (int j = 0; j < NR; ++j)
-            wv[j] = (__m512bh)_mm512_permutexvar_epi16(
-                s == 0 ? raw[j] : _mm512_srli_epi16(raw[j], static_cast<unsigned>(4 * s)), table);
-#pragma GCC unroll 4
-          for (int i = 0; i < MR; ++i) {
-            const __m512bh xv = (__m512bh)_mm512_load_si512(xp + i * padded + c + 32 * s);
-#pragma GCC unroll 8
-            for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
-          }
-        }
-      } else {  // NVFP4: partial sums, then the multiplier
-        __m512 part[MR][NR];
+      // The chunk's 4 steps of products added into sums (from zero when `fresh` is std::true_type).
+      const auto chunk_products = [&](__m512(&sums)[MR][NR], auto fresh) {
+        constexpr bool kFresh = decltype(fresh)::value;
 #pragma GCC unroll 4
         for (int s = 0; s < 4; ++s) {
           __m512bh wv[NR];
@@ -314,9 +293,22 @@ bool fp4_tile(const uint8_t* data, int64_t row_bytes, const uint8_t* codes, int6
             const __m512bh xv = (__m512bh)_mm512_load_si512(xp + i * padded + c + 32 * s);
 #pragma GCC unroll 8
             for (int j = 0; j < NR; ++j)
-              part[i][j] = _mm512_dpbf16_ps(s == 0 ? _mm512_setzero_ps() : part[i][j], xv, wv[j]);
+              sums[i][j] = _mm512_dpbf16_ps(kFresh && s == 0 ? _mm512_setzero_ps() : sums[i][j], xv, wv[j]);
           }
         }
+      };
+      if constexpr (!NV) {  // one plain chain per output, in the scaled domain
+        last_index = index;
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) {
+          const __m512 ratio = _mm512_castsi512_ps(Scales::multiplier_bits(ratio_words[j], index));
+#pragma GCC unroll 4
+          for (int i = 0; i < MR; ++i) acc[i][j] = _mm512_mul_ps(acc[i][j], ratio);
+        }
+        chunk_products(acc, std::false_type{});
+      } else {  // NVFP4: partial sums, then the multiplier
+        __m512 part[MR][NR];
+        chunk_products(part, std::true_type{});
         const __mmask16 lanes = lane_mask(left / 8);
 #pragma GCC unroll 8
         for (int j = 0; j < NR; ++j) {
