@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/bf16dot_lanes_avx512_bf16.hpp"
+#include "kernels/cpu/prefetch_slice.hpp"
 #include "xmoe/dtype.hpp"
 
 namespace xmoe::kernels::avx512_bf16::bf16dot_tiles {
@@ -92,11 +93,7 @@ inline void tile(const uint16_t* xt, const bf16* w, int64_t ldw, int64_t k, floa
   for (int64_t s = 0; s < steps; ++s) {
     const int64_t p = s * 32;
     const __mmask32 mask = step_mask(k, p);
-    if (next_bytes > 0) {
-      const int64_t at = s * step_bytes;
-      for (int64_t b = at; b < std::min(at + step_bytes, next_bytes); b += 64)
-        _mm_prefetch(next + b, _MM_HINT_T1);
-    }
+    if (next_bytes > 0) prefetch_slice(next, s * step_bytes, step_bytes, next_bytes);
     __m512bh wv[NR];
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + j * ldw + p);

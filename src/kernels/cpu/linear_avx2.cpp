@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/linear_lanes.hpp"
 #include "kernels/cpu/linear_panels_avx2.hpp"
+#include "kernels/cpu/prefetch_slice.hpp"
 #include "kernels/cpu/variants.hpp"
 #include "xmoe/error.hpp"
 
@@ -55,9 +56,7 @@ void tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k, float
   constexpr int64_t kStepBytes = NR * 16 * int64_t(sizeof(W));
   int64_t p = 0;
   for (; p + 16 <= k; p += 16) {
-    const int64_t at = p / 16 * kStepBytes;
-    for (int64_t b = at; b < std::min(at + kStepBytes, next_bytes); b += 64)
-      _mm_prefetch(next + b, _MM_HINT_T1);
+    prefetch_slice(next, p / 16 * kStepBytes, kStepBytes, next_bytes);
     for (int i = 0; i < MR; ++i) xs[i] = x + i * ldx + p;
     for (int j = 0; j < NR; ++j) ws[j] = w + j * ldw + p;
     step(xs, ws);
@@ -182,8 +181,7 @@ void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int
   const int64_t full = k / 16;
   const W* ws[NR];
   for (int64_t s = 0; s < full; ++s) {
-    for (int64_t b = s * kStepBytes; b < std::min((s + 1) * kStepBytes, next_bytes); b += 64)
-      _mm_prefetch(next + b, _MM_HINT_T1);
+    prefetch_slice(next, s * kStepBytes, kStepBytes, next_bytes);
     for (int j = 0; j < NR; ++j) ws[j] = w + j * ldw + s * 16;
     step(xt + s * MR * 16, ws);
   }

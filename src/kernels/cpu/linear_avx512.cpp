@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/linear_panels_avx512.hpp"
 #include "kernels/cpu/linear_reduce_avx512.hpp"
+#include "kernels/cpu/prefetch_slice.hpp"
 #include "kernels/cpu/variants.hpp"
 #include "xmoe/error.hpp"
 
@@ -54,11 +55,7 @@ void tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k, float
   constexpr int64_t kStepBytes = NR * 16 * int64_t(sizeof(W));
   for (int64_t p = 0; p < k; p += 16) {
     const __mmask16 mask = k - p >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - p)) - 1);
-    if (next_bytes > 0) {
-      const int64_t at = p / 16 * kStepBytes;
-      for (int64_t b = at; b < std::min(at + kStepBytes, next_bytes); b += 64)
-        _mm_prefetch(next + b, _MM_HINT_T1);
-    }
+    if (next_bytes > 0) prefetch_slice(next, p / 16 * kStepBytes, kStepBytes, next_bytes);
     __m512 wv[NR];
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = load_w(w + j * ldw + p, mask);
@@ -171,11 +168,7 @@ void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int
   for (int64_t s = 0; s < steps; ++s) {
     const int64_t p = s * 16;
     const __mmask16 mask = k - p >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - p)) - 1);
-    if (next_bytes > 0) {
-      const int64_t at = s * kStepBytes;
-      for (int64_t b = at; b < std::min(at + kStepBytes, next_bytes); b += 64)
-        _mm_prefetch(next + b, _MM_HINT_T1);
-    }
+    if (next_bytes > 0) prefetch_slice(next, s * kStepBytes, kStepBytes, next_bytes);
     __m512 wv[NR];
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = load_w(w + j * ldw + p, mask);
