@@ -377,6 +377,13 @@ TEST(QuantMedium, Mxfp4ScaledDomainGuards) {
       expect_same(run(*fast, w, row, 1, k, 0, n, n), want_row, what + " row " + std::to_string(i) + " alone");
     }
   }
+  // The decoded panels scale the codes exactly for every code 2..252 (no scaled domain): these weights in a
+  // panel-sized batch, with the big activations among its rows, give the reference's bits too.
+  const int64_t m = avx512_bf16::kQuantPanelMinRowsMxfp4 + 1;
+  auto x = random_values(static_cast<size_t>(m * k), rng);
+  for (int64_t p = 3; p < k; p += 13) x[static_cast<size_t>(4 * k + p)] = p % 2 == 0 ? 0x1p126f : -0x1p-64f;
+  expect_same(run(*medium_fast(), w, x, m, k, 0, n, n), run(medium_reference(), w, x, m, k, 0, n, n),
+              "mxfp4 guard codes in a panel batch");
 }
 
 // The fast FP4 path decodes each row's scale codes 32 at a time (NVFP4: 512 columns, MXFP4: 1024) and checks

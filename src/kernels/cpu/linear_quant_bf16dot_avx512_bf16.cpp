@@ -216,10 +216,12 @@ struct Fp4Scales {
     return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, index, words)),
                          global);
   }
-  bool clean() const {
+  // Whether the fast path may keep its result: NVFP4 met no negative or NaN scale; MXFP4 met only codes in
+  // [low, high] (the register path's scaled domain: 127 ± kMxfp4ScaleReach; the decoded panels: 2..252).
+  bool clean(int low = 127 - kMxfp4ScaleReach, int high = 127 + kMxfp4ScaleReach) const {
     if constexpr (NV) return _mm256_cmpgt_epu8_mask(hi, _mm256_set1_epi8(0x7E)) == 0;
-    return _mm256_cmpgt_epu8_mask(hi, _mm256_set1_epi8(static_cast<char>(127 + kMxfp4ScaleReach))) == 0 &&
-           _mm256_cmplt_epu8_mask(lo, _mm256_set1_epi8(127 - kMxfp4ScaleReach)) == 0;
+    return _mm256_cmpgt_epu8_mask(hi, _mm256_set1_epi8(static_cast<char>(high))) == 0 &&
+           _mm256_cmplt_epu8_mask(lo, _mm256_set1_epi8(static_cast<char>(low))) == 0;
   }
 };
 
@@ -588,7 +590,7 @@ bool mxfp4_decode_rows(const PackedWeight& w, int64_t n, int64_t rows, uint16_t*
                 change));
     }
   }
-  return scales.clean();
+  return scales.clean(2, 252);
 }
 
 // Weight rows [s0, s1) against `rows` x rows from c0, in chunk order and in bf16dot_tiles' layout in xp:
