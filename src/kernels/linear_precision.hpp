@@ -5,7 +5,7 @@
 //  * medium: activations rounded to bf16 (nearest even) and multiplied with the weights as bf16 in pairs,
 //    accumulated in f32 (VDPBF16PS on AVX512-BF16). BF16 weights as they are (linear_bf16dot.hpp); FP8 /
 //    MXFP4 / NVFP4 codes, exact in bf16, with the block scales applied to the activations before rounding
-//    (FP8) or to f32 partial sums (FP4) (linear_quant_bf16dot.hpp).
+//    (FP8), to the codes (MXFP4, powers of two) or to f32 partial sums (NVFP4) (linear_quant_bf16dot.hpp).
 // f32 and f16 weights and attention compute in f32 under either.
 #pragma once
 #include <string>

@@ -77,7 +77,8 @@ KernelTable make_avx512_bf16() {
 KernelTable with_medium_bf16(KernelTable t, LinearFn linear_bf16_medium) {
   t.precision = MatmulPrecision::medium;
   t.linear[size_t(WeightFormat::bf16)] = linear_bf16_medium;
-  // Block-quantized weights at medium: bf16 products of the codes, scales on the f32 partial sums.
+  // Block-quantized weights at medium: bf16 products of the codes, scales on x (FP8), on the codes (MXFP4) or
+  // on the f32 partial sums (NVFP4).
   const bool emulated = t.isa == Isa::reference;
   t.linear[size_t(WeightFormat::fp8_block)] =
       emulated ? reference::linear_fp8_block_medium : avx512_bf16::linear_fp8_block_medium;

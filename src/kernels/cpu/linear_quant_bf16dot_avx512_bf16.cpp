@@ -7,11 +7,13 @@
 //    by 4, gives S.EEEE.MMM in bf16 position; the exponent rebiased by OR-ing 112 (value × 2^-8). E4M3
 //    subnormals and zeros (exponent 0) are replaced by a masked VPERMW from an 8-entry table, only in the
 //    chunks that hold one (a branch per chunk, rarely taken on trained or random weights).
-// FP4 block scales multiply the f32 partial sums once per lane and chunk (one masked FMA per 32 weights and
-// row); E8M0 / E4M3 scale codes become f32 by shifts, 32 codes of a row at a time; the codes those shifts do
-// not decode (NaN, negative NVFP4 and E8M0 0 scales) are rare enough to be tracked by a running max/min, and
-// a tile that met one is computed again by the reference. FP4 x rows are rounded to bf16 once per call, in
-// the chunk order the weights unpack to.
+// NVFP4 block scales multiply the f32 partial sums once per lane and chunk (one masked FMA per 32 weights and
+// row); MXFP4's E8M0 scales are powers of two, so they go into the codes (decoded panels) or, in the register
+// path, into the accumulators' scaled domain (Fp4Scales below). Scale codes become f32 or exponent changes by
+// shifts, 32 codes of a row at a time; the codes those shifts do not cover (NaN, negative NVFP4 scales, E8M0
+// codes out of the path's range) are rare enough to be tracked by a running max/min, and a tile that met one
+// is computed again by the reference. FP4 x rows are rounded to bf16 once per call, in the chunk order the
+// weights unpack to.
 // FP8 block scales multiply x instead: for each block of 128 weight rows, x rows are scaled by that block's
 // multiplier vector and rounded (VCVTNE2PS2BF16, even/odd split by VPERMT2W), and the products are plain
 // VDPBF16PS chains; NaN codes are tracked by a running max. Up to kQuantPanelMinRowsFp8 x rows, weight rows
