@@ -143,12 +143,14 @@ struct Shape3 {
 // more rows than one mc block, more columns than one nc block, and k = 0. Up to 512 rows take the few-rows
 // path (one op(A) block, narrow op(B) blocks, k blocks outermost, the next block's source prefetched while
 // one multiplies): 301 rows over several k blocks, and k past the 1024 / 2048 blocks of an op(B) = Bᵀ with a
-// k tail, rows off every tile; 530 rows the tall one, over several (equal) mc and kc blocks.
-const Shape3 kShapes[] = {{1, 1, 1},     {1, 1, 7},     {1, 37, 1},    {5, 1, 3},       {3, 5, 0},
-                          {14, 32, 256}, {15, 33, 257}, {13, 31, 255}, {29, 97, 101},   {6, 16, 513},
-                          {8, 48, 64},   {9, 49, 65},   {7, 47, 63},   {6, 64, 33},     {41, 71, 259},
-                          {181, 17, 20}, {3, 2081, 5},  {2, 3, 1030},  {301, 70, 1100}, {37, 100, 2101},
-                          {530, 50, 600}};
+// k tail, rows off every tile; 530 rows the tall one, over several (equal) mc and kc blocks. At VDPBF16PS an
+// op(B) = Bᵀ of 32–512 rows that fill vectors of 16 (181, 301, 64, 300, 48 rows) reads B in place: B's rows
+// off its 6-row tiles, op(A)'s rows off its 64-lane panels, k-blocks with an odd tail, Cᵀ chunks.
+const Shape3 kShapes[] = {{1, 1, 1},      {1, 1, 7},      {1, 37, 1},      {5, 1, 3},       {3, 5, 0},
+                          {14, 32, 256},  {15, 33, 257},  {13, 31, 255},   {29, 97, 101},   {6, 16, 513},
+                          {8, 48, 64},    {9, 49, 65},    {7, 47, 63},     {6, 64, 33},     {41, 71, 259},
+                          {181, 17, 20},  {3, 2081, 5},   {2, 3, 1030},    {301, 70, 1100}, {37, 100, 2101},
+                          {530, 50, 600}, {64, 71, 2101}, {300, 13, 1033}, {48, 200, 5}};
 
 bool supported(const Variant& v) {
   return isa_supported(detect_cpu_features(), v.isa);
@@ -258,6 +260,41 @@ void check_zero_k_padding(void (*gemm)(const GemmArgs<In, float>&)) {
       }
     }
   }
+}
+
+// Batch composition: a row of C is the same bits whichever rows of op(A) share the call, though the row
+// count picks the path (the tall one, the few-rows one, at VDPBF16PS B read in place for op(B) = Bᵀ, or
+// the packed path for row counts that would leave vector lanes empty).
+template <class In>
+void check_row_subsets(void (*gemm)(const GemmArgs<In, float>&)) {
+  struct Rows {
+    int64_t first, count;
+  };
+  const Rows subsets[] = {{0, 64}, {64, 300}, {100, 32}, {200, 100}, {7, 1}, {3, 37}};
+  for (int trans = 0; trans < 4; ++trans) {
+    const Problem<In> p(530, 70, 1100, trans & 1, trans & 2, trans == 3, 3, 91 + trans);
+    const std::vector<float> all = p.run(gemm);
+    for (const Rows& r : subsets) {
+      std::vector<float> c(p.c0.begin() + r.first * p.ldc, p.c0.begin() + (r.first + r.count) * p.ldc);
+      GemmArgs<In, float> g;
+      g.m = r.count, g.n = p.n, g.k = p.k;
+      g.a = p.a.data() + (p.ta ? r.first : r.first * p.lda), g.lda = p.lda, g.trans_a = p.ta;
+      g.b = p.b.data(), g.ldb = p.ldb, g.trans_b = p.tb;
+      g.c = c.data(), g.ldc = p.ldc, g.accumulate = p.accumulate;
+      gemm(g);
+      ASSERT_EQ(0, std::memcmp(c.data(), all.data() + r.first * p.ldc, c.size() * sizeof(float)))
+          << p.str() << " rows " << r.first << "+" << r.count;
+    }
+  }
+}
+
+TEST_P(GemmVariant, F32RowsAreTheSameInAnyBatch) {
+  if (GetParam().f32 == nullptr) GTEST_SKIP() << "no f32 GEMM at this level";
+  check_row_subsets<float>(GetParam().f32);
+}
+
+TEST_P(GemmVariant, Bf16RowsAreTheSameInAnyBatch) {
+  check_row_subsets<bf16>(GetParam().bf16);
 }
 
 TEST_P(GemmVariant, F32ZeroKPaddingBitIdentical) {

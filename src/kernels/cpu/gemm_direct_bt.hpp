@@ -1,0 +1,143 @@
+// GEMM for op(B) = Bᵀ (B stored [n, k], as a weight [out, in] is) with few rows of op(A), computed as its
+// transpose Cᵀ = B · op(A)ᵀ: B's rows are the broadcast operand, read where they lie, and op(A)ᵀ is the
+// packed vector operand. gemm_blocked packs all of op(B) for such products, transposing a 2048 × 2048 weight
+// in 32-bit units for each call, plus op(A) in scalar steps: 7 % of 512 × 2048 × 2048 NT at VDPBF16PS on
+// Zen 4 and ~15 % at 64 rows, where oneDNN ran 4–6 % ahead. Here only op(A) (m × k) is packed.
+//
+// Same bits as gemm_blocked: each C element is still one chain over k-slots in ascending order (k-blocks
+// start at even k, an odd k's last slot pairs with zero), and every product takes the same two operands
+// (a multiplication commutes exactly), so the results are those of the packed path for any thread count.
+// Partial sums between k-blocks live in a per-thread Cᵀ buffer, stored and loaded exactly, and are
+// transposed into C once at the end (and out of C at the start when accumulating).
+//
+// Kernel family requirements (a struct F):
+//   static constexpr int rows, max_nv, kpack;  // B rows per tile; 16-lane vectors of op(A)ᵀ; k per slot
+//   using Packed;                              // op(A)ᵀ as pack_b packs nr = 16 · nv columns
+//   template <int NV> static void run(int64_t depth, const In* b, int64_t ldb, int64_t b_rows,
+//                                     const Packed* a_panel, float* ct, int64_t ldct, bool load);
+// computing ct[i · ldct + l] (+)= Σ_p B[i][p] · a_panel's lane l at p, for l < 16 · NV, over `depth` k values
+// (an odd depth reads only the last slot's first value of each row), for all `rows` rows: rows at or past
+// b_rows read row 0 again and their sums are never transposed into C. op(A)'s rows go in panels of
+// 16 · max_nv lanes and one narrower last panel of whole vectors, so at most 15 lanes are wasted.
+#pragma once
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <type_traits>
+
+#include "kernels/cpu/gemm_blocking.hpp"
+
+namespace xmoe::kernels {
+namespace {
+
+// dst[c · ldd + r] = src[r · lds + c] for r < rows, c < cols: 8 × 8 blocks through registers, the edges one
+// value at a time.
+inline void transpose_floats(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
+                             int64_t ldd) {
+  int64_t r0 = 0;
+  for (; r0 + 8 <= rows; r0 += 8) {
+    int64_t c0 = 0;
+    for (; c0 + 8 <= cols; c0 += 8) {
+      __m256 r[8];
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + (r0 + i) * lds + c0);
+      transpose8(r);
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) _mm256_storeu_ps(dst + (c0 + i) * ldd + r0, r[i]);
+    }
+    for (; c0 < cols; ++c0)
+      for (int64_t i = 0; i < 8; ++i) dst[c0 * ldd + r0 + i] = src[(r0 + i) * lds + c0];
+  }
+  for (; r0 < rows; ++r0)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + r0] = src[r0 * lds + c];
+}
+
+// Calls f(std::integral_constant<int, nv>) for the runtime nv in [1, Max].
+template <int Max, class Fn>
+void with_nv(int64_t nv, Fn&& f) {
+  if constexpr (Max > 1) {
+    if (nv < Max) return with_nv<Max - 1>(nv, f);
+  }
+  f(std::integral_constant<int, Max>{});
+}
+
+// The products gemm_bt_direct serves: op(B) = Bᵀ and at most max_rows rows (the few-rows regime, where
+// op(A) is small beside the weight).
+template <class In>
+bool direct_bt_applies(const GemmArgs<In, float>& g, int64_t max_rows) {
+  return g.trans_b && g.m <= max_rows && g.m > 0 && g.n > 0 && g.k > 0;
+}
+
+// The team packs all of op(A)ᵀ once (each thread a share of each k-block's panels; one barrier), then each
+// thread takes its B rows a chunk at a time: all k-blocks of the chunk against the block of op(A)ᵀ that
+// `a_block_bytes` keeps in L2, its Cᵀ (chunk_rows × m) small enough to stay beside it, transposed into C
+// while still cached.
+template <class F, class In>
+void gemm_bt_direct(const GemmArgs<In, float>& g, int64_t a_block_bytes, int64_t chunk_rows) {
+  if (gemm_trivial(g)) return;
+  using P = typename F::Packed;
+  constexpr int64_t KP = F::kpack, R = F::rows, L = 16 * F::max_nv;
+  const int64_t m = g.m, n = g.n, k = g.k;
+  const int64_t m_pad = round_up(m, 16), panels = ceil_div(m, L), last_nv = (m_pad - (panels - 1) * L) / 16;
+  // k-blocks start at multiples of kc, an even number, as the packed path's kc blocks do.
+  const int64_t kc = std::min(
+      round_up(std::max<int64_t>(a_block_bytes / (m_pad * static_cast<int64_t>(sizeof(P))), 256), 64),
+      round_up(k, KP));
+  const int64_t blocks = ceil_div(k, kc), block_elems = m_pad * kc;
+  const int64_t chunk = round_up(chunk_rows, R);
+
+  const double macs = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  const int64_t groups = ceil_div(n, R);
+  const int threads = static_cast<int>(
+      std::min<double>(std::clamp(macs / (1 << 18) + 1, 1.0, double(omp_get_max_threads())), groups));
+  const int64_t a_bytes = round_up(blocks * block_elems * static_cast<int64_t>(sizeof(P)), 64),
+                ct_bytes = round_up(chunk * m_pad * 4, 64);
+  std::unique_ptr<char[], AlignedFree> buffer(static_cast<char*>(
+      ::operator new[](static_cast<size_t>(a_bytes + ct_bytes * threads), std::align_val_t{64})));
+  P* const ap = reinterpret_cast<P*>(buffer.get());
+
+#pragma omp parallel num_threads(threads)
+  {
+    const int team = omp_get_num_threads(), tid = omp_get_thread_num();
+    // op(A)ᵀ[pc : pc + kb, 0 : m] for every k-block, lanes = op(A)'s rows (A stored [m, k] is that block
+    // transposed); the team's share of the blocks' panels.
+    for (int64_t blk = tid; blk < blocks * panels; blk += team) {
+      const int64_t b = blk / panels, p = blk % panels, pc = b * kc, kb = std::min(kc, k - pc);
+      with_nv<F::max_nv>(p + 1 < panels ? F::max_nv : last_nv, [&](auto nv) {
+        pack_b<16 * nv(), KP>(g.a, g.lda, !g.trans_a, pc, kb, p * L, std::min(L, m - p * L),
+                              ap + b * block_elems + p * L * ceil_div(kb, KP) * KP);
+      });
+    }
+#pragma omp barrier
+    const int64_t n0 = std::min(n, groups * tid / team * R), n1 = std::min(n, groups * (tid + 1) / team * R);
+    float* ct = reinterpret_cast<float*>(buffer.get() + a_bytes + ct_bytes * tid);
+    for (int64_t c0 = n0; c0 < n1; c0 += chunk) {
+      const int64_t c1 = std::min(n1, c0 + chunk);
+      if (g.accumulate) transpose_floats(g.c + c0, g.ldc, m, c1 - c0, ct, m_pad);
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t pc = b * kc, kb = std::min(kc, k - pc), slots = ceil_div(kb, KP);
+        const bool load = g.accumulate || pc > 0;
+        for (int64_t jr = c0; jr < c1; jr += R) {
+          const In* brows = g.b + jr * g.ldb + pc;
+          const int64_t b_rows = std::min(R, c1 - jr);
+          float* out = ct + (jr - c0) * m_pad;
+          const P* a_block = ap + b * block_elems;
+          for (int64_t p = 0; p + 1 < panels; ++p)
+            F::template run<F::max_nv>(kb, brows, g.ldb, b_rows, a_block + p * L * slots * KP, out + p * L,
+                                       m_pad, load);
+          with_nv<F::max_nv>(last_nv, [&](auto nv) {
+            F::template run<nv()>(kb, brows, g.ldb, b_rows, a_block + (panels - 1) * L * slots * KP,
+                                  out + (panels - 1) * L, m_pad, load);
+          });
+        }
+      }
+      transpose_floats(ct, m_pad, c1 - c0, m, g.c + c0, g.ldc);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace xmoe::kernels
