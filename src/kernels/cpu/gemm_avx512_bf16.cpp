@@ -66,7 +66,7 @@ struct KernelBf16 {
 // gemm_bt_direct's tiles: 6 rows of B broadcast in place (a k-pair each), NV vectors of packed op(A)ᵀ.
 // Each VDPBF16PS takes op(A)'s pair as its first source and B's as its second, as the packed kernel does.
 struct DirectBf16 {
-  static constexpr int rows = 6, max_nv = 4, kpack = 2;
+  static constexpr int rows = 6, width = 16, max_nv = 4, kpack = 2;
   using Packed = bf16;
   static constexpr int64_t kRowAhead = 64;  // k-slots: 256 bytes of each row
 

@@ -2,7 +2,9 @@
 // transpose Cᵀ = B · op(A)ᵀ: B's rows are the broadcast operand, read where they lie, and op(A)ᵀ is the
 // packed vector operand. gemm_blocked packs all of op(B) for such products, transposing a 2048 × 2048 weight
 // in 32-bit units for each call, plus op(A) in scalar steps: 7 % of 512 × 2048 × 2048 NT at VDPBF16PS on
-// Zen 4 and ~15 % at 64 rows, where oneDNN ran 4–6 % ahead. Here only op(A) (m × k) is packed.
+// Zen 4 and ~15 % at 64 rows, where oneDNN ran 4–6 % ahead. Here only op(A) (m × k) is packed. Each ISA
+// level supplies its tiles and decides the row counts where this pays (gemm_avx512_bf16.cpp, gemm_avx512.cpp,
+// gemm_avx2.cpp).
 //
 // Same bits as gemm_blocked: each C element is still one chain over k-slots in ascending order (k-blocks
 // start at even k, an odd k's last slot pairs with zero), and every product takes the same two operands
@@ -11,14 +13,15 @@
 // transposed into C once at the end (and out of C at the start when accumulating).
 //
 // Kernel family requirements (a struct F):
-//   static constexpr int rows, max_nv, kpack;  // B rows per tile; 16-lane vectors of op(A)ᵀ; k per slot
-//   using Packed;                              // op(A)ᵀ as pack_b packs nr = 16 · nv columns
+//   static constexpr int rows, width, max_nv, kpack;  // B rows per tile; lanes per vector; vectors of
+//                                                     // op(A)ᵀ per tile; k values per slot
+//   using Packed;                                     // op(A)ᵀ as pack_b packs nr = width · nv columns
 //   template <int NV> static void run(int64_t depth, const In* b, int64_t ldb, int64_t b_rows,
 //                                     const Packed* a_panel, float* ct, int64_t ldct, bool load);
-// computing ct[i · ldct + l] (+)= Σ_p B[i][p] · a_panel's lane l at p, for l < 16 · NV, over `depth` k values
-// (an odd depth reads only the last slot's first value of each row), for all `rows` rows: rows at or past
-// b_rows read row 0 again and their sums are never transposed into C. op(A)'s rows go in panels of
-// 16 · max_nv lanes and one narrower last panel of whole vectors, so at most 15 lanes are wasted.
+// computing ct[i · ldct + l] (+)= Σ_p B[i][p] · a_panel's lane l at p, for l < width · NV, over `depth` k
+// values (an odd depth reads only the last slot's first value of each row), for all `rows` rows: rows at or
+// past b_rows read row 0 again and their sums are never transposed into C. op(A)'s rows go in panels of width
+// · max_nv lanes and one narrower last panel of whole vectors, so less than a vector is wasted.
 #pragma once
 #include <omp.h>
 
@@ -79,9 +82,9 @@ template <class F, class In>
 void gemm_bt_direct(const GemmArgs<In, float>& g, int64_t a_block_bytes, int64_t chunk_rows) {
   if (gemm_trivial(g)) return;
   using P = typename F::Packed;
-  constexpr int64_t KP = F::kpack, R = F::rows, L = 16 * F::max_nv;
+  constexpr int64_t KP = F::kpack, R = F::rows, W = F::width, L = W * F::max_nv;
   const int64_t m = g.m, n = g.n, k = g.k;
-  const int64_t m_pad = round_up(m, 16), panels = ceil_div(m, L), last_nv = (m_pad - (panels - 1) * L) / 16;
+  const int64_t m_pad = round_up(m, W), panels = ceil_div(m, L), last_nv = (m_pad - (panels - 1) * L) / W;
   // k-blocks start at multiples of kc, an even number, as the packed path's kc blocks do.
   const int64_t kc = std::min(
       round_up(std::max<int64_t>(a_block_bytes / (m_pad * static_cast<int64_t>(sizeof(P))), 256), 64),
@@ -107,8 +110,8 @@ void gemm_bt_direct(const GemmArgs<In, float>& g, int64_t a_block_bytes, int64_t
     for (int64_t blk = tid; blk < blocks * panels; blk += team) {
       const int64_t b = blk / panels, p = blk % panels, pc = b * kc, kb = std::min(kc, k - pc);
       with_nv<F::max_nv>(p + 1 < panels ? F::max_nv : last_nv, [&](auto nv) {
-        pack_b<16 * nv(), KP>(g.a, g.lda, !g.trans_a, pc, kb, p * L, std::min(L, m - p * L),
-                              ap + b * block_elems + p * L * ceil_div(kb, KP) * KP);
+        pack_b<W * nv(), KP>(g.a, g.lda, !g.trans_a, pc, kb, p * L, std::min(L, m - p * L),
+                             ap + b * block_elems + p * L * ceil_div(kb, KP) * KP);
       });
     }
 #pragma omp barrier
