@@ -143,14 +143,15 @@ struct Shape3 {
 // more rows than one mc block, more columns than one nc block, and k = 0. Up to 512 rows take the few-rows
 // path (one op(A) block, narrow op(B) blocks, k blocks outermost, the next block's source prefetched while
 // one multiplies): 301 rows over several k blocks, and k past the 1024 / 2048 blocks of an op(B) = Bᵀ with a
-// k tail, rows off every tile; 530 rows the tall one, over several (equal) mc and kc blocks. At VDPBF16PS an
-// op(B) = Bᵀ of 32–512 rows that fill vectors of 16 (181, 301, 64, 300, 48 rows) reads B in place: B's rows
-// off its 6-row tiles, op(A)'s rows off its 64-lane panels, k-blocks with an odd tail, Cᵀ chunks.
+// k tail, rows off every tile; 530 rows the tall one, over several (equal) mc and kc blocks. An op(B) = Bᵀ
+// of 32–512 rows (AVX2, AVX-512: 256) that fill whole vectors, with k at least 3 rows, reads B in place (301,
+// 64, 300, 48 rows): B's rows off its 6-row tiles, op(A)'s rows off its 64-lane panels, k-blocks with an odd
+// tail, Cᵀ chunks.
 const Shape3 kShapes[] = {{1, 1, 1},      {1, 1, 7},      {1, 37, 1},      {5, 1, 3},       {3, 5, 0},
                           {14, 32, 256},  {15, 33, 257},  {13, 31, 255},   {29, 97, 101},   {6, 16, 513},
                           {8, 48, 64},    {9, 49, 65},    {7, 47, 63},     {6, 64, 33},     {41, 71, 259},
                           {181, 17, 20},  {3, 2081, 5},   {2, 3, 1030},    {301, 70, 1100}, {37, 100, 2101},
-                          {530, 50, 600}, {64, 71, 2101}, {300, 13, 1033}, {48, 200, 5}};
+                          {530, 50, 600}, {64, 71, 2101}, {300, 13, 1033}, {48, 200, 151}};
 
 bool supported(const Variant& v) {
   return isa_supported(detect_cpu_features(), v.isa);

@@ -169,10 +169,11 @@ constexpr GemmBlocking kBlocking{.mc = 6 * 24,
                                  .rows_outer = true};
 constexpr int kMacsPerPackedElement = 16;
 
-// f32 op(B) = Bᵀ with 32–256 rows whose vectors of 8 waste at most 8 % of the lanes: gemm_bt_direct, B's
-// rows read in place (Zen 4, two threads, process CPU time, against oneDNN in the same run, packed → direct:
-// 64 × 2048 × 2048 NT 0.96–0.99 → 1.17–1.21×, 128 rows 0.88–0.92 → 1.00–1.10×, 256 rows 1.05 → 1.12×; 512
-// rows 1.04–1.07 → 0.99×, so they stay packed). The blocks as at VDPBF16PS.
+// f32 op(B) = Bᵀ with 32–256 rows whose vectors of 8 waste at most 8 % of the lanes (and k ≥ 3 rows, as
+// direct_bt_applies says): gemm_bt_direct, B's rows read in place (Zen 4, two threads, process CPU time,
+// against oneDNN in the same run, packed → direct: 64 × 2048 × 2048 NT 0.96–0.99 → 1.17–1.21×, 128 rows
+// 0.88–0.92 → 1.00–1.10×, 256 rows 1.05 → 1.12×; 512 rows 1.04–1.07 → 0.99×, so they stay packed). The blocks
+// as at VDPBF16PS.
 constexpr int64_t kDirectBlockBytes = 512 << 10, kDirectChunkRows = 192;
 
 bool direct_bt_pays(const GemmArgs<float, float>& g) {

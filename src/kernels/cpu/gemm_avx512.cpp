@@ -170,11 +170,12 @@ constexpr GemmBlocking kBlocking{.mc = 8 * 21,
                                  .rows_outer = true};
 constexpr int kMacsPerPackedElement = 16;
 
-// op(B) = Bᵀ with 32–256 rows whose vectors of 16 waste at most 8 % of the lanes: gemm_bt_direct, B's rows
-// read in place (Zen 4 capped at AVX-512, two threads, process CPU time, against oneDNN in the same run,
-// packed → direct: f32 64 × 2048 × 2048 NT 0.92–0.93 → 1.16×, 128 rows 0.91–0.97 → 1.04×, 256 rows level
-// (0.96–0.97 → 0.97–0.98×), 512 rows level or behind (0.98–1.00 → 0.97–0.98×), so they stay packed; bf16
-// operands at 64 rows 163–190 → 209–211 GFLOP/s, level from 128). The blocks as at VDPBF16PS.
+// op(B) = Bᵀ with 32–256 rows whose vectors of 16 waste at most 8 % of the lanes (and k ≥ 3 rows, as
+// direct_bt_applies says): gemm_bt_direct, B's rows read in place (Zen 4 capped at AVX-512, two threads,
+// process CPU time, against oneDNN in the same run, packed → direct: f32 64 × 2048 × 2048 NT 0.92–0.93
+// → 1.16×, 128 rows 0.91–0.97 → 1.04×, 256 rows level (0.96–0.97 → 0.97–0.98×), 512 rows level or behind
+// (0.98–1.00 → 0.97–0.98×), so they stay packed; bf16 operands at 64 rows 163–190 → 209–211 GFLOP/s, level
+// from 128). The blocks as at VDPBF16PS.
 constexpr int64_t kDirectBlockBytes = 512 << 10, kDirectChunkRows = 192;
 
 template <class In>

@@ -141,12 +141,13 @@ constexpr GemmBlocking kBlocking{.mc = 6 * 12,
                                  .split_rows = 512};
 constexpr int kMacsPerPackedElement = 32;
 
-// op(B) = Bᵀ with 32–512 rows whose vectors of 16 waste at most 8 % of the lanes: gemm_bt_direct, B's rows
-// read in place instead of packed (the rest pays more for the empty lanes than packing B costs: 100 rows
-// ran 3–6 % behind the packed path). Sizes swept on Zen 4, two threads, against oneDNN in the same run
-// (process CPU time): op(A)ᵀ blocks of 512 KiB and Cᵀ chunks of 192 B rows 1–3 % ahead of 256 KiB and of
-// 64 rows; 6 × 64 tiles with a narrower last panel, not tiles picked per row count (12 × 32 at 32 rows ran
-// 1.12× oneDNN where 6 × 32 runs 1.3×; 24 × 16 spilled its row pointers and ran at a third of the speed).
+// op(B) = Bᵀ with 32–512 rows whose vectors of 16 waste at most 8 % of the lanes (and k ≥ 3 rows, as
+// direct_bt_applies says): gemm_bt_direct, B's rows read in place instead of packed (the rest pays more for
+// the empty lanes than packing B costs: 100 rows ran 3–6 % behind the packed path). Sizes swept on Zen 4, two
+// threads, against oneDNN in the same run (process CPU time): op(A)ᵀ blocks of 512 KiB and Cᵀ chunks of 192 B
+// rows 1–3 % ahead of 256 KiB and of 64 rows; 6 × 64 tiles with a narrower last panel, not tiles picked per
+// row count (12 × 32 at 32 rows ran 1.12× oneDNN where 6 × 32 runs 1.3×; 24 × 16 spilled its row pointers and
+// ran at a third of the speed).
 constexpr int64_t kDirectBlockBytes = 512 << 10, kDirectChunkRows = 192;
 
 bool direct_bt_pays(const GemmArgs<bf16, float>& g) {
