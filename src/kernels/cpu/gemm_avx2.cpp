@@ -110,15 +110,9 @@ struct DirectF32 {
     constexpr int MR = rows;
     constexpr int64_t ahead = 64;  // k values: four lines of each row
     const float* row[MR];
-#pragma GCC unroll 32
-    for (int i = 0; i < MR; ++i) row[i] = b + (i < b_rows ? i : 0) * ldb;
+    tile_rows(b, ldb, b_rows, row);
     __m256 acc[MR][NV];
-#pragma GCC unroll 32
-    for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v)
-        acc[i][v] = load ? _mm256_load_ps(ct + i * ldct + 8 * v) : _mm256_setzero_ps();
-    }
+    load_tile<8>(acc, ct, ldct, load);
     for (int64_t s = 0; s < depth; ++s) {
       _mm_prefetch(reinterpret_cast<const char*>(a + (s + kPrefetch) * 8 * NV), _MM_HINT_T0);
       // B's rows come from memory on the tile's first pass: a line of each, well ahead.
@@ -137,11 +131,7 @@ struct DirectF32 {
         for (int v = 0; v < NV; ++v) acc[i][v] = _mm256_fmadd_ps(av[v], bv, acc[i][v]);
       }
     }
-#pragma GCC unroll 32
-    for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) _mm256_store_ps(ct + i * ldct + 8 * v, acc[i][v]);
-    }
+    store_tile<8>(acc, ct, ldct);
   }
 };
 

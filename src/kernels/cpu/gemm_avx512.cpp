@@ -75,15 +75,9 @@ struct DirectF32 {
     constexpr int MR = rows;
     constexpr int64_t per_line = 64 / sizeof(In), ahead = 4 * per_line;  // k values
     const In* row[MR];
-#pragma GCC unroll 32
-    for (int i = 0; i < MR; ++i) row[i] = b + (i < b_rows ? i : 0) * ldb;
+    tile_rows(b, ldb, b_rows, row);
     __m512 acc[MR][NV];
-#pragma GCC unroll 32
-    for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v)
-        acc[i][v] = load ? _mm512_load_ps(ct + i * ldct + 16 * v) : _mm512_setzero_ps();
-    }
+    load_tile<16>(acc, ct, ldct, load);
     // B[i][s] broadcast: an f32 as it is; a bf16 from the 32-bit pair that holds it, at an even s the low
     // half (shifted up) and at an odd one the high half (masked).
     auto value = [&](int i, int64_t s, auto odd) __attribute__((always_inline)) {
@@ -135,11 +129,7 @@ struct DirectF32 {
           return _mm512_set1_ps(row[i][s]);
       });
     }
-#pragma GCC unroll 32
-    for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) _mm512_store_ps(ct + i * ldct + 16 * v, acc[i][v]);
-    }
+    store_tile<16>(acc, ct, ldct);
   }
 };
 

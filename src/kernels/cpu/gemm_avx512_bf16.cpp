@@ -75,15 +75,9 @@ struct DirectBf16 {
                   int64_t ldct, bool load) {
     constexpr int MR = rows;
     const bf16* row[MR];
-#pragma GCC unroll 32
-    for (int i = 0; i < MR; ++i) row[i] = b + (i < b_rows ? i : 0) * ldb;
+    tile_rows(b, ldb, b_rows, row);
     __m512 acc[MR][NV];
-#pragma GCC unroll 32
-    for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v)
-        acc[i][v] = load ? _mm512_load_ps(ct + i * ldct + 16 * v) : _mm512_setzero_ps();
-    }
+    load_tile<16>(acc, ct, ldct, load);
     auto slot = [&](int64_t s, auto pair_of) __attribute__((always_inline)) {
       __m512bh av[NV];
 #pragma GCC unroll 8
@@ -116,11 +110,7 @@ struct DirectBf16 {
     // An odd depth's last slot: B's value alone, its pair partner zero as packing makes it (the value past
     // it may lie past the end of B).
     if (depth & 1) slot(whole, [](const bf16* p) { return static_cast<int32_t>(p->bits); });
-#pragma GCC unroll 32
-    for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) _mm512_store_ps(ct + i * ldct + 16 * v, acc[i][v]);
-    }
+    store_tile<16>(acc, ct, ldct);
   }
 };
 

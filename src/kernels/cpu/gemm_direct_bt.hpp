@@ -23,6 +23,7 @@
 // past b_rows read row 0 again and their sums are never transposed into C. op(A)'s rows go in panels of width
 // · max_nv lanes and one narrower last panel of whole vectors, so less than a vector is wasted.
 #pragma once
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -56,6 +57,52 @@ inline void transpose_floats(const float* src, int64_t lds, int64_t rows, int64_
   }
   for (; r0 < rows; ++r0)
     for (int64_t c = 0; c < cols; ++c) dst[c * ldd + r0] = src[r0 * lds + c];
+}
+
+// A tile's row pointers into B: rows at or past b_rows read row 0 again (their sums are never used).
+template <int MR, class In>
+inline void tile_rows(const In* b, int64_t ldb, int64_t b_rows, const In* (&row)[MR]) {
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i) row[i] = b + (i < b_rows ? i : 0) * ldb;
+}
+
+// The f32 vector of `width` lanes, for the ISA files that include this.
+template <int width>
+struct F32Vector;
+#ifdef __AVX512F__
+template <>
+struct F32Vector<16> {
+  using type = __m512;
+  static type load(const float* p) { return _mm512_load_ps(p); }
+  static type zero() { return _mm512_setzero_ps(); }
+  static void store(float* p, type v) { _mm512_store_ps(p, v); }
+};
+#endif
+template <>
+struct F32Vector<8> {
+  using type = __m256;
+  static type load(const float* p) { return _mm256_load_ps(p); }
+  static type zero() { return _mm256_setzero_ps(); }
+  static void store(float* p, type v) { _mm256_store_ps(p, v); }
+};
+
+// A tile's Cᵀ sums: loaded from the chunk (or zero on its first k-block), stored back after it.
+template <int W, int MR, int NV>
+inline void load_tile(typename F32Vector<W>::type (&acc)[MR][NV], const float* ct, int64_t ldct, bool load) {
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v)
+      acc[i][v] = load ? F32Vector<W>::load(ct + i * ldct + W * v) : F32Vector<W>::zero();
+  }
+}
+template <int W, int MR, int NV>
+inline void store_tile(const typename F32Vector<W>::type (&acc)[MR][NV], float* ct, int64_t ldct) {
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) F32Vector<W>::store(ct + i * ldct + W * v, acc[i][v]);
+  }
 }
 
 // Calls f(std::integral_constant<int, nv>) for the runtime nv in [1, Max].
