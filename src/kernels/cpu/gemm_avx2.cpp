@@ -164,16 +164,12 @@ constexpr int kMacsPerPackedElement = 16;
 // against oneDNN in the same run, packed → direct: 64 × 2048 × 2048 NT 0.96–0.99 → 1.17–1.21×, 128 rows
 // 0.88–0.92 → 1.00–1.10×, 256 rows 1.05 → 1.12×; 512 rows 1.04–1.07 → 0.99×, so they stay packed). The blocks
 // as at VDPBF16PS.
-constexpr int64_t kDirectBlockBytes = 512 << 10, kDirectChunkRows = 192;
-
-bool direct_bt_pays(const GemmArgs<float, float>& g) {
-  return direct_bt_applies(g, 256) && g.m >= 32 && round_up(g.m, 8) * 25 <= g.m * 27;
-}
+constexpr int64_t kDirectMaxRows = 256;
 
 }  // namespace
 
 void gemm_f32(const GemmArgs<float, float>& args) {
-  if (direct_bt_pays(args)) return gemm_bt_direct<DirectF32>(args, kDirectBlockBytes, kDirectChunkRows);
+  if (direct_bt_applies<DirectF32>(args, kDirectMaxRows)) return gemm_bt_direct<DirectF32>(args);
   gemm_blocked<Kernel>(args, kBlocking, kMacsPerPackedElement);
 }
 

@@ -166,22 +166,17 @@ constexpr int kMacsPerPackedElement = 16;
 // → 1.16×, 128 rows 0.91–0.97 → 1.04×, 256 rows level (0.96–0.97 → 0.97–0.98×), 512 rows level or behind
 // (0.98–1.00 → 0.97–0.98×), so they stay packed; bf16 operands at 64 rows 163–190 → 209–211 GFLOP/s, level
 // from 128). The blocks as at VDPBF16PS.
-constexpr int64_t kDirectBlockBytes = 512 << 10, kDirectChunkRows = 192;
-
-template <class In>
-bool direct_bt_pays(const GemmArgs<In, float>& g) {
-  return direct_bt_applies(g, 256) && g.m >= 32 && round_up(g.m, 16) * 25 <= g.m * 27;
-}
+constexpr int64_t kDirectMaxRows = 256;
 
 }  // namespace
 
 void gemm_f32(const GemmArgs<float, float>& args) {
-  if (direct_bt_pays(args)) return gemm_bt_direct<DirectF32>(args, kDirectBlockBytes, kDirectChunkRows);
+  if (direct_bt_applies<DirectF32>(args, kDirectMaxRows)) return gemm_bt_direct<DirectF32>(args);
   gemm_blocked<Kernel>(args, kBlocking, kMacsPerPackedElement);
 }
 
 void gemm_bf16(const GemmArgs<bf16, float>& args) {
-  if (direct_bt_pays(args)) return gemm_bt_direct<DirectF32>(args, kDirectBlockBytes, kDirectChunkRows);
+  if (direct_bt_applies<DirectF32>(args, kDirectMaxRows)) return gemm_bt_direct<DirectF32>(args);
   gemm_blocked<Kernel>(args, kBlocking, kMacsPerPackedElement);
 }
 

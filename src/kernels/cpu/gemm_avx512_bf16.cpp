@@ -138,16 +138,12 @@ constexpr int kMacsPerPackedElement = 32;
 // rows 1–3 % ahead of 256 KiB and of 64 rows; 6 × 64 tiles with a narrower last panel, not tiles picked per
 // row count (12 × 32 at 32 rows ran 1.12× oneDNN where 6 × 32 runs 1.3×; 24 × 16 spilled its row pointers and
 // ran at a third of the speed).
-constexpr int64_t kDirectBlockBytes = 512 << 10, kDirectChunkRows = 192;
-
-bool direct_bt_pays(const GemmArgs<bf16, float>& g) {
-  return direct_bt_applies(g, kBlocking.split_rows) && g.m >= 32 && round_up(g.m, 16) * 25 <= g.m * 27;
-}
+constexpr int64_t kDirectMaxRows = 512;
 
 }  // namespace
 
 void gemm_bf16(const GemmArgs<bf16, float>& args) {
-  if (direct_bt_pays(args)) return gemm_bt_direct<DirectBf16>(args, kDirectBlockBytes, kDirectChunkRows);
+  if (direct_bt_applies<DirectBf16>(args, kDirectMaxRows)) return gemm_bt_direct<DirectBf16>(args);
   gemm_blocked<Kernel>(args, kBlocking, kMacsPerPackedElement);
 }
 

@@ -114,21 +114,28 @@ void with_nv(int64_t nv, Fn&& f) {
   f(std::integral_constant<int, Max>{});
 }
 
-// The products gemm_bt_direct serves: op(B) = Bᵀ, at most max_rows rows (the few-rows regime, where op(A)
-// is small beside the weight) and k at least 3 rows: what it saves, packing B, costs per C element about k /
-// m packed values, and what it adds, the transpose of Cᵀ, about one value. At VDPBF16PS on Zen 4 300 and 512
-// rows with k = 768 ran 4 % behind the packed path, 512 rows with k = 2048 4 % ahead.
-template <class In>
+// The products gemm_bt_direct serves: op(B) = Bᵀ with 32 to max_rows rows (each ISA level's measured end of
+// the gain) whose vectors of F::width lanes waste at most 8 % (100 rows in 64 + 48 lanes ran 3–6 % behind the
+// packed path at VDPBF16PS), and k at least 3 rows: what it saves, packing B, costs per C element about k / m
+// packed values, and what it adds, the transpose of Cᵀ, about one value (at VDPBF16PS on Zen 4 300 and 512
+// rows with k = 768 ran 4 % behind the packed path, 512 rows with k = 2048 4 % ahead).
+template <class F, class In>
 bool direct_bt_applies(const GemmArgs<In, float>& g, int64_t max_rows) {
-  return g.trans_b && g.m <= max_rows && g.k >= 3 * g.m && g.m > 0 && g.n > 0;
+  return g.trans_b && g.m >= 32 && g.m <= max_rows && round_up(g.m, F::width) * 25 <= g.m * 27 &&
+         g.k >= 3 * g.m && g.n > 0;
 }
+
+// Sizes swept at VDPBF16PS on Zen 4 (two threads, against oneDNN in the same run): op(A)ᵀ blocks of 512 KiB
+// and Cᵀ chunks of 192 B rows 1–3 % ahead of 256 KiB and of 64 rows.
+constexpr int64_t kDirectBlockBytes = 512 << 10, kDirectChunkRows = 192;
 
 // The team packs all of op(A)ᵀ once (each thread a share of each k-block's panels; one barrier), then each
 // thread takes its B rows a chunk at a time: all k-blocks of the chunk against the block of op(A)ᵀ that
-// `a_block_bytes` keeps in L2, its Cᵀ (chunk_rows × m) small enough to stay beside it, transposed into C
+// kDirectBlockBytes keeps in L2, its Cᵀ (chunk_rows × m) small enough to stay beside it, transposed into C
 // while still cached.
 template <class F, class In>
-void gemm_bt_direct(const GemmArgs<In, float>& g, int64_t a_block_bytes, int64_t chunk_rows) {
+void gemm_bt_direct(const GemmArgs<In, float>& g) {
+  constexpr int64_t a_block_bytes = kDirectBlockBytes, chunk_rows = kDirectChunkRows;
   if (gemm_trivial(g)) return;
   using P = typename F::Packed;
   constexpr int64_t KP = F::kpack, R = F::rows, W = F::width, L = W * F::max_nv;
