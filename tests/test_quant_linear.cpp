@@ -204,5 +204,43 @@ TEST(QuantLinear, Fp8SubnormalCodesUnderDenormalsAreZero) {
   }
 }
 
+// Every scale code of both FP4 formats (E8M0 2^-127 … 2^127 and NaN; E4M3 subnormal, normal and NaN, times
+// a global scale), every element code, at the decode shapes (where the AVX2 level looks up E2M1 values and
+// MXFP4's products as bf16 bytes) and a panel shape, under each of flush-to-zero and denormals-are-zero:
+// every level returns the reference's bits, subnormal, infinite and NaN products included.
+TEST(QuantLinear, Fp4EveryScaleCodeUnderEitherDenormalMode) {
+  const CpuFeatures features = detect_cpu_features();
+  if (vector_levels().empty()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(23);
+  const int64_t n = 9, k = 1024;  // 9 rows x 32 MXFP4 blocks / 64 NVFP4 blocks: 288 / 576 scale slots
+  for (const WeightFormat f : {WeightFormat::mxfp4, WeightFormat::nvfp4}) {
+    QuantizedMatrix q = quantize(f, random_values(static_cast<size_t>(n * k), rng, 0.05f), n, k);
+    for (size_t i = 0; i < q.data.size(); ++i) q.data[i] = static_cast<uint8_t>(i * 37 + i / 7);
+    for (size_t i = 0; i < q.scales.size(); ++i) q.scales[i] = static_cast<uint8_t>(i);  // every code
+    // Row 0 of MXFP4 only 2^-127..2^-125, so its sums are tiny enough to show a subnormal product; NVFP4's
+    // global scale puts its small codes' multipliers (and products) below the f32 normals.
+    if (f == WeightFormat::mxfp4)
+      for (int64_t b = 0; b < k / 32; ++b) q.scales[static_cast<size_t>(b)] = static_cast<uint8_t>(b % 3);
+    if (f == WeightFormat::nvfp4) q.global_scale = 0x1p-120f;
+    const PackedWeight w = q.view();
+    for (const unsigned mode : {0u, 0x8000u, 0x40u, 0x8040u}) {  // none, FTZ, DAZ, both
+      for (const int64_t m : {1, 2, 3, 5}) {
+        const auto x = random_values(static_cast<size_t>(m * k), rng);
+        const unsigned csr = _mm_getcsr();
+        _mm_setcsr(csr | mode);
+        const auto want = run(reference_kernel_table(), w, x, m, k, 0, n, n);
+        std::vector<std::vector<float>> got;
+        for (const Isa isa : vector_levels())
+          got.push_back(run(kernel_table(isa, features), w, x, m, k, 0, n, n));
+        _mm_setcsr(csr);
+        for (size_t l = 0; l < got.size(); ++l)
+          expect_same(got[l], want,
+                      std::string(weight_format_name(f)) + " every scale code, mode " + std::to_string(mode) +
+                          " m=" + std::to_string(m) + " " + isa_name(vector_levels()[l]));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace xmoe::kernels::quant

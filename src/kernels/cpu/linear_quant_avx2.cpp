@@ -12,6 +12,7 @@
 #include "kernels/cpu/linear_panels_avx2.hpp"
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/quant/codecs.hpp"
+#include "util/buffer.hpp"
 
 namespace xmoe::kernels::avx2 {
 namespace {
@@ -192,6 +193,8 @@ void tile(const Rows& w, int64_t n, int64_t k, const float* x, int64_t ldx, floa
 //    rounds. NaN codes (S.1111.111) are tracked, not decoded: a tile that met one is redone exactly.
 //  * FP4: the eight E2M1 magnitudes times the multiplier as one 8-entry table (vpermps), the sign xor-ed in:
 //    (−v) · s is −(v · s) bit for bit, so each lane holds the reference's product.
+// At m ≤ 3 these run only where the byte-lookup decoders below do not apply (FP8 blocks of an odd multiple of
+// 16 columns, NVFP4 rows of an odd number of 16-column blocks); the panel packers use them at every shape.
 struct Fp8Decoder {
   static constexpr bool kPermuted = false;
   using Block = __m256;
@@ -264,6 +267,200 @@ struct Fp4Decoder {
   }
 };
 
+// FP4 decode (m ≤ 3) by in-lane byte lookups instead of vpermps. An E2M1 value has at most two significant
+// bits, so it and its product with a power of two (an MXFP4 block's E8M0 multiplier) are exact bf16 numbers,
+// subnormals, inf and NaN included. A step of 32 weights of a row decodes as
+//   16 code bytes in both 128-bit lanes → the low nibbles in lane 0, the high ones in lane 1 (one variable
+//   shift, one and) → two vpshufb through 16-byte tables (the low and the high byte of each value's bf16
+//   image) → two byte unpacks (bf16 words) → four f32 vectors (shift left by 16 for even words, a mask for
+//   odd ones),
+// about 2.5 single-lane operations per 8 weights where the vpermps decode takes 4 (3 of them shifts and
+// permutes). MXFP4 looks its block's products up directly (a table pair per scale code, built once per call
+// from the reference's f32 products, so under FTZ they flush as the reference's do); NVFP4's multipliers
+// are not powers of two, so it looks up the E2M1 values and multiplies each 16-weight block by its
+// multiplier — the reference's f32 product, one vmulps per 8 weights. The lanes come out in a fixed order per
+// 32 columns, {0, 4, 8, 12, 1, 5, 9, 13} and {2, 6, 10, 14, 3, 7, 11, 15} for columns 0..15 (the same plus
+// 16 for 16..31, so NVFP4's two blocks stay apart); x is put in that order once per call and the
+// accumulators back in lane order before the reduction, so each lane's FMA chain is the one
+// linear_lanes.hpp prescribes.
+struct Fp4ByteTables {
+  // MXFP4: [code][0..15] the low bytes, [code][16..31] the high bytes of the code's 16 products. NVFP4: row 0
+  // holds the plain E2M1 values' bytes.
+  alignas(32) uint8_t bytes[256][32];
+  const float* multipliers = nullptr;  // NVFP4: the f32 multiplier of each scale code
+  bool exact = true;                   // every looked-up value is its bf16 image
+  Fp4ByteTables(const Scales& sc, WeightFormat format) {
+    const bool folded = format == WeightFormat::mxfp4;
+    if (!folded) multipliers = sc.table;
+    __m256 values_lo = _mm256_loadu_ps(quant::kE2M1Values.data());
+    __m256 values_hi = _mm256_loadu_ps(quant::kE2M1Values.data() + 8);
+    // Hidden from the optimiser: a product by a known ±1 could be folded to ±s, which would skip the flush to
+    // zero that the reference's product of a subnormal gets under FTZ.
+    asm("" : "+x"(values_lo), "+x"(values_hi));
+    // Bytes 2 and 3 of each f32 (its bf16 image) gathered per 128-bit lane, then the lanes' dwords ordered so
+    // that one 32-byte store writes the 16 low bytes and then the 16 high bytes.
+    const __m256i pick = _mm256_setr_epi8(2, 6, 10, 14, 3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1, 2, 6,
+                                          10, 14, 3, 7, 11, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256i low_halves = _mm256_setzero_si256();
+    for (int c = 0; c < (folded ? 256 : 1); ++c) {
+      __m256i p0 = _mm256_castps_si256(values_lo), p1 = _mm256_castps_si256(values_hi);
+      if (folded) {
+        const __m256 s = _mm256_set1_ps(sc.table[c]);
+        p0 = _mm256_castps_si256(_mm256_mul_ps(values_lo, s));
+        p1 = _mm256_castps_si256(_mm256_mul_ps(values_hi, s));
+      }
+      low_halves = _mm256_or_si256(low_halves, _mm256_or_si256(p0, p1));
+      const __m256i b = _mm256_unpacklo_epi32(_mm256_shuffle_epi8(p0, pick), _mm256_shuffle_epi8(p1, pick));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes[c]), _mm256_permutevar8x32_epi32(b, order));
+    }
+    exact = _mm256_testz_si256(low_halves, _mm256_set1_epi32(0xFFFF)) != 0;
+  }
+  // Element order of a 32-column step: physical lane q of vector A/B holds column kOrderA/B[q] (+16 for C/D).
+  static constexpr int kOrderA[8] = {0, 4, 8, 12, 1, 5, 9, 13};
+  static constexpr int kOrderB[8] = {2, 6, 10, 14, 3, 7, 11, 15};
+};
+
+template <int MR, int NR, bool kFolded>
+void fp4_bytes_tile(const Fp4ByteTables& t, const uint8_t* data, int64_t row_bytes, const uint8_t* codes,
+                    int64_t code_stride, int64_t k, const float* xp, float* y, int64_t ldy,
+                    int64_t prefetch_ahead) {
+  const __m256i nibble_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+  const __m256i low_nibble = _mm256_set1_epi8(0x0F);
+  const __m256i high_word = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const auto both_lanes = [](const uint8_t* p) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  };
+  const __m256i value_lo = both_lanes(t.bytes[0]), value_hi = both_lanes(t.bytes[0] + 16);  // NVFP4
+  const uint8_t* d[NR];
+  const uint8_t* c[NR];
+  for (int j = 0; j < NR; ++j) {
+    d[j] = data + j * row_bytes;
+    c[j] = codes + j * code_stride;
+  }
+  __m256 acc_a[MR][NR], acc_b[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc_a[i][j] = acc_b[i][j] = _mm256_setzero_ps();
+  // 32 columns of every row at byte offset off / 2 from the row pointers.
+  const auto step = [&](int64_t off) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) {
+      __m256i lo_tab = value_lo, hi_tab = value_hi;
+      if constexpr (kFolded) {
+        const uint8_t* table = t.bytes[c[j][off / 32]];
+        lo_tab = both_lanes(table);
+        hi_tab = both_lanes(table + 16);
+      }
+      const __m256i nibbles =
+          _mm256_and_si256(_mm256_srlv_epi32(both_lanes(d[j] + off / 2), nibble_shift), low_nibble);
+      const __m256i lo = _mm256_shuffle_epi8(lo_tab, nibbles), hi = _mm256_shuffle_epi8(hi_tab, nibbles);
+      const __m256i words0 = _mm256_unpacklo_epi8(lo, hi), words1 = _mm256_unpackhi_epi8(lo, hi);
+      __m256 wa = _mm256_castsi256_ps(_mm256_slli_epi32(words0, 16));
+      __m256 wb = _mm256_castsi256_ps(_mm256_and_si256(words0, high_word));
+      __m256 wc = _mm256_castsi256_ps(_mm256_slli_epi32(words1, 16));
+      __m256 wd = _mm256_castsi256_ps(_mm256_and_si256(words1, high_word));
+      if constexpr (!kFolded) {
+        const __m256 s0 = _mm256_set1_ps(t.multipliers[c[j][off / 16]]);
+        const __m256 s1 = _mm256_set1_ps(t.multipliers[c[j][off / 16 + 1]]);
+        wa = _mm256_mul_ps(wa, s0);
+        wb = _mm256_mul_ps(wb, s0);
+        wc = _mm256_mul_ps(wc, s1);
+        wd = _mm256_mul_ps(wd, s1);
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        const float* xr = xp + i * k + off;
+        acc_a[i][j] = _mm256_fmadd_ps(_mm256_load_ps(xr), wa, acc_a[i][j]);
+        acc_b[i][j] = _mm256_fmadd_ps(_mm256_load_ps(xr + 8), wb, acc_b[i][j]);
+        acc_a[i][j] = _mm256_fmadd_ps(_mm256_load_ps(xr + 16), wc, acc_a[i][j]);
+        acc_b[i][j] = _mm256_fmadd_ps(_mm256_load_ps(xr + 24), wd, acc_b[i][j]);
+      }
+    }
+  };
+  // 128 columns (a 64-byte line of each row) per outer step: one prefetch per row and line.
+  int64_t off = 0;
+  for (; off + 128 <= k; off += 128) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j)
+      _mm_prefetch(reinterpret_cast<const char*>(d[j] + off / 2 + prefetch_ahead), _MM_HINT_T1);
+#pragma GCC unroll 4
+    for (int b = 0; b < 128; b += 32) step(off + b);
+  }
+  for (; off < k; off += 32) step(off);
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      alignas(32) float a[8], b[8], lanes[16];
+      _mm256_store_ps(a, acc_a[i][j]);
+      _mm256_store_ps(b, acc_b[i][j]);
+      for (int q = 0; q < 8; ++q) {
+        lanes[Fp4ByteTables::kOrderA[q]] = a[q];
+        lanes[Fp4ByteTables::kOrderB[q]] = b[q];
+      }
+      y[i * ldy + j] = reduce16(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8));
+    }
+}
+
+template <int MR, int NR, bool kFolded>
+void fp4_bytes_stream(const Fp4ByteTables& t, const LinearArgs& a) {
+  const PackedWeight& w = *a.w;
+  const int64_t k = w.cols;  // a multiple of 32
+  // x rows in the tables' lane order (64-byte aligned, k a multiple of 32: aligned loads in the tile).
+  Buffer<float> xp_buffer;
+  float* xp = xp_buffer.ensure(static_cast<size_t>(MR * k));
+  for (int i = 0; i < MR; ++i)
+    for (int64_t p = 0; p < k; p += 32)
+      for (int q = 0; q < 8; ++q) {
+        float* out = xp + i * k + p;
+        const float* in = a.x + i * a.ldx + p;
+        out[q] = in[Fp4ByteTables::kOrderA[q]];
+        out[8 + q] = in[Fp4ByteTables::kOrderB[q]];
+        out[16 + q] = in[16 + Fp4ByteTables::kOrderA[q]];
+        out[24 + q] = in[16 + Fp4ByteTables::kOrderB[q]];
+      }
+  const auto* data = reinterpret_cast<const uint8_t*>(w.data);
+  const auto* codes = reinterpret_cast<const uint8_t*>(w.scales);
+  const int64_t ahead = 2 * NR * w.row_bytes;
+  for (int64_t b = 0; b < std::min(ahead, (a.n1 - a.n0) * w.row_bytes); b += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(data + a.n0 * w.row_bytes + b), _MM_HINT_T1);
+  const int64_t code_bytes = NR * w.scale_row_stride;
+  int64_t n = a.n0;
+  for (; n + NR <= a.n1; n += NR) {
+    // The scale codes are a stream of their own that the weight prefetch does not cover: the tile after
+    // next's codes into L2.
+    if (n + 3 * NR <= a.n1)
+      for (int64_t b = 0; b < code_bytes; b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(codes + (n + 2 * NR) * w.scale_row_stride + b),
+                     _MM_HINT_T1);
+    fp4_bytes_tile<MR, NR, kFolded>(t, data + n * w.row_bytes, w.row_bytes, codes + n * w.scale_row_stride,
+                                    w.scale_row_stride, k, xp, a.y + n, a.ldy, ahead);
+  }
+  for (; n < a.n1; ++n)
+    fp4_bytes_tile<MR, 1, kFolded>(t, data + n * w.row_bytes, w.row_bytes, codes + n * w.scale_row_stride,
+                                   w.scale_row_stride, k, xp, a.y + n, a.ldy, 0);
+}
+
+// Whether the byte-table decode took the call: m ≤ 3, k a multiple of 32, every looked-up value exact.
+bool fp4_by_bytes(const Scales& sc, const LinearArgs& a) {
+  if (a.w->cols % 32 != 0) return false;
+  const Fp4ByteTables t(sc, a.w->format);
+  if (!t.exact) return false;
+  const auto run = [&]<bool kFolded>() {
+    switch (a.m) {
+      case 1:
+        return fp4_bytes_stream<1, 4, kFolded>(t, a);
+      case 2:
+        return fp4_bytes_stream<2, 2, kFolded>(t, a);
+      default:
+        return fp4_bytes_stream<3, 1, kFolded>(t, a);
+    }
+  };
+  if (a.w->format == WeightFormat::mxfp4)
+    run.template operator()<true>();
+  else
+    run.template operator()<false>();
+  return true;
+}
+
 // The decode tile: MR (< 4) x rows × NR weight rows, walking k block by block so each row's multiplier is
 // prepared once per block. Returns false when the decoder met a code it leaves to the exact path.
 template <int MR, int NR, class Dec>
@@ -327,6 +524,118 @@ bool fast_tile(const Dec& dec, const Scales& sc, const uint8_t* data, int64_t ro
       y[i * ldy + n + j] = reduce16(l, h);
     }
   return guard.clean();
+}
+
+// FP8 decode (m ≤ 3) for blocks of a multiple of 32 columns, 32 columns per step: the integer decode of
+// Fp8Decoder::finish reached by in-lane unpacks. The 32 codes' qwords put in the order 0, 2, 1, 3, a code
+// unpacked above a zero byte (c << 8), shifted right arithmetically by 4 and masked with 0x87F0 is the high
+// half of the f32 S.0000EEEE.MMM0… (its value × 2^-120), and unpacking those words above zero words gives
+// four f32 vectors holding columns {0-3, 8-11}, {4-7, 12-15}, {16-19, 24-27}, {20-23, 28-31} — two
+// accumulators per row whose lanes are columns {0-3, 8-11} and {4-7, 12-15} mod 16 (x is put in that order
+// once per call, and the halves swapped back before the reduction). One lane-crossing permute per 32 codes
+// where finish takes two, no sign extension, and one prefetch per row and 64 columns. Returns false when a
+// NaN code was met (the caller redoes the tile exactly).
+template <int MR, int NR>
+bool fp8_bytes_tile(const Scales& sc, const uint8_t* data, int64_t row_bytes, int64_t n, int64_t k,
+                    const float* xp, float* y, int64_t ldy, int64_t prefetch_ahead) {
+  const __m256i magnitude_bits = _mm256_set1_epi16(static_cast<short>(0x87F0));
+  const __m256i zero = _mm256_setzero_si256();
+  const uint8_t* d[NR];
+  int64_t base[NR];
+  for (int j = 0; j < NR; ++j) {
+    d[j] = data + (n + j) * row_bytes;
+    base[j] = sc.row_base(n + j);
+  }
+  __m256 acc_a[MR][NR], acc_b[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc_a[i][j] = acc_b[i][j] = _mm256_setzero_ps();
+  __m256i guard = _mm256_setzero_si256();
+  // Columns p..p + 31 of every row, whose codes are at rows[j] + at.
+  const auto step = [&](int64_t p, const __m256* mult, const uint8_t* const* rows, int64_t at) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + at));
+      guard = _mm256_max_epu8(guard, _mm256_or_si256(raw, _mm256_set1_epi8(-128)));
+      const __m256i ordered = _mm256_permute4x64_epi64(raw, _MM_SHUFFLE(3, 1, 2, 0));
+      const __m256i w0 =
+          _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(zero, ordered), 4), magnitude_bits);
+      const __m256i w1 =
+          _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(zero, ordered), 4), magnitude_bits);
+      const __m256 wa = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, w0)), mult[j]);
+      const __m256 wb = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, w0)), mult[j]);
+      const __m256 wc = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, w1)), mult[j]);
+      const __m256 wd = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, w1)), mult[j]);
+#pragma GCC unroll 4
+      for (int i = 0; i < MR; ++i) {
+        const float* xr = xp + i * ((k + 31) / 32 * 32) + p;
+        acc_a[i][j] = _mm256_fmadd_ps(_mm256_load_ps(xr), wa, acc_a[i][j]);
+        acc_b[i][j] = _mm256_fmadd_ps(_mm256_load_ps(xr + 8), wb, acc_b[i][j]);
+        acc_a[i][j] = _mm256_fmadd_ps(_mm256_load_ps(xr + 16), wc, acc_a[i][j]);
+        acc_b[i][j] = _mm256_fmadd_ps(_mm256_load_ps(xr + 24), wd, acc_b[i][j]);
+      }
+    }
+  };
+  const int64_t block_cols = sc.w->block_cols;  // a multiple of 32
+  int64_t block = 0;
+  for (int64_t p0 = 0; p0 < k; p0 += block_cols, ++block) {
+    __m256 mult[NR];
+    for (int j = 0; j < NR; ++j) mult[j] = Fp8Decoder::block_at(sc, base[j] + block);
+    const int64_t pe = std::min(k, p0 + block_cols);
+    int64_t p = p0;
+    for (; p + 64 <= pe; p += 64) {
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(d[j] + p + prefetch_ahead), _MM_HINT_T1);
+      step(p, mult, d, p);
+      step(p + 32, mult, d, p + 32);
+    }
+    for (; p + 32 <= pe; p += 32) step(p, mult, d, p);
+    if (p < pe) {  // the k tail: codes past k read as 0 (+0 times a finite multiplier), x there is 0
+      alignas(32) uint8_t tail[NR][32] = {};
+      const uint8_t* rows[NR];
+      for (int j = 0; j < NR; ++j) {
+        std::memcpy(tail[j], d[j] + p, static_cast<size_t>(pe - p));
+        rows[j] = tail[j];
+      }
+      step(p, mult, rows, 0);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j)
+      y[i * ldy + n + j] = reduce16(_mm256_permute2f128_ps(acc_a[i][j], acc_b[i][j], 0x20),
+                                    _mm256_permute2f128_ps(acc_a[i][j], acc_b[i][j], 0x31));
+  return _mm_movemask_epi8(
+             _mm_cmpeq_epi8(_mm_max_epu8(_mm256_castsi256_si128(guard), _mm256_extracti128_si256(guard, 1)),
+                            _mm_set1_epi8(-1))) == 0;
+}
+
+template <int MR, int NR>
+void fp8_bytes_stream(const Fp8Rows& exact, const LinearArgs& a) {
+  const int64_t k = a.w->cols, kp = (k + 31) / 32 * 32;
+  // x rows in the tile's lane order, zero past k (64-byte aligned: aligned loads in the tile).
+  Buffer<float> xp_buffer;
+  float* xp = xp_buffer.ensure_zero(static_cast<size_t>(MR * kp));
+  for (int i = 0; i < MR; ++i)
+    for (int64_t p = 0; p < k; ++p) {
+      const int64_t c = p % 32, half = c / 16, q = c % 16;  // column q of a 16-column half
+      xp[i * kp + p - c + half * 16 + (q % 8 < 4 ? 0 : 8) + (q / 8) * 4 + q % 4] = a.x[i * a.ldx + p];
+    }
+  const auto rows_bytes = [&](int64_t b, int64_t e) { return (e - b) * exact.row_bytes; };
+  const auto row_ptr = [&](int64_t r) {
+    return reinterpret_cast<const char*>(exact.data + r * exact.row_bytes);
+  };
+  for (int64_t b = 0; b < rows_bytes(a.n0, std::min(a.n1, a.n0 + 2 * NR)); b += 64)
+    _mm_prefetch(row_ptr(a.n0) + b, _MM_HINT_T1);
+  const int64_t ahead = 2 * NR * exact.row_bytes;
+  int64_t n = a.n0;
+  for (; n + NR <= a.n1; n += NR) {
+    exact.prefetch_scales(std::min(a.n1, n + 2 * NR), std::min(a.n1, n + 3 * NR));
+    if (!fp8_bytes_tile<MR, NR>(exact.scales, exact.data, exact.row_bytes, n, k, xp, a.y, a.ldy, ahead))
+      tile<MR, NR>(exact, n, k, a.x, a.ldx, a.y, a.ldy);
+  }
+  for (; n < a.n1; ++n)
+    if (!fp8_bytes_tile<MR, 1>(exact.scales, exact.data, exact.row_bytes, n, k, xp, a.y, a.ldy, 0))
+      tile<MR, 1>(exact, n, k, a.x, a.ldx, a.y, a.ldy);
 }
 
 // Decode with the per-block decoders; a tile the decoder declines is redone by the exact tile over `exact`.
@@ -451,9 +760,24 @@ void linear(const LinearArgs& a, WeightFormat format) {
   if (a.m == 0 || a.n0 == a.n1) return;
   const Rows w(*a.w);
   if (a.m <= 3) {
-    if constexpr (std::is_same_v<Rows, Fp4Rows>) return stream_fast(Fp4Decoder(w.scales), w, a);
+    if constexpr (std::is_same_v<Rows, Fp4Rows>) {
+      if (fp4_by_bytes(w.scales, a)) return;
+      return stream_fast(Fp4Decoder(w.scales), w, a);
+    }
     if constexpr (std::is_same_v<Rows, Fp8Rows>)
-      if (quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1)) return stream_fast(Fp8Decoder{}, w, a);
+      if (quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1)) {
+        if (a.w->block_cols % 32 == 0) {
+          switch (a.m) {
+            case 1:
+              return fp8_bytes_stream<1, 4>(w, a);
+            case 2:
+              return fp8_bytes_stream<2, 2>(w, a);
+            default:
+              return fp8_bytes_stream<3, 1>(w, a);
+          }
+        }
+        return stream_fast(Fp8Decoder{}, w, a);
+      }
   }
   switch (a.m) {
     case 1:
