@@ -76,7 +76,7 @@ def warm_page_cache(directory):
                     pass
 
 
-def run(xmoe, directory, threads, prompt_len, decode, precision):
+def run(xmoe, directory, threads, prompt_len, decode, precision, isa=None):
     with open(os.path.join(directory, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
     ids = ",".join(str((100 + i * 37) % vocab) for i in range(prompt_len))
@@ -86,6 +86,8 @@ def run(xmoe, directory, threads, prompt_len, decode, precision):
            "--warmup"]
     if precision != "highest":  # older builds lack the option
         cmd += ["--matmul-precision", precision]
+    if isa:
+        cmd += ["--isa", isa]
     # OpenMP's default spin-wait makes a loaded machine's barriers cost time slices (decode 100× slower seen on
     # a tiny model at load 14): passive waiting unless the caller chose otherwise.
     env = dict(os.environ)
@@ -103,13 +105,15 @@ def run(xmoe, directory, threads, prompt_len, decode, precision):
     return row
 
 
-def profile(xmoe, directory, threads, steps, precision):
+def profile(xmoe, directory, threads, steps, precision, isa=None):
     """{op class: (ms/step, MB/step, GB/s, % of probe)} and (anonymous, mapped) probe GB/s of one profile run."""
     env = dict(os.environ)
     env.setdefault("OMP_WAIT_POLICY", "passive")
     cmd = [xmoe, "linear-bench", "--model", directory, "--threads", str(threads), "--reps", str(steps)]
     if precision != "highest":
         cmd += ["--matmul-precision", precision]
+    if isa:
+        cmd += ["--isa", isa]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
     rows = {}
     for line in out.splitlines():
@@ -147,6 +151,8 @@ def main():
     p.add_argument("--precision", choices=("highest", "medium"), default="highest",
                    help="--matmul-precision of every run (default of --variants)")
     p.add_argument("--variants", help="NAME=XMOE:PRECISION,... builds / precisions run in turn on every checkpoint")
+    p.add_argument("--isa", help="kernel level (avx2, avx512, ...; default: the CPU's best), e.g. an AVX2-only "
+                                 "CPU's kernels on a newer one")
     p.add_argument("--max-wait", type=float, default=5.0,
                    help="flag runs whose threads waited for a CPU more than this %% of the time")
     p.add_argument("checkpoints", nargs="*", help="format=directory; the first is the baseline")
@@ -180,7 +186,7 @@ def main():
             fmt, directory = spec.split("=", 1)
             warm_page_cache(directory)
             for v in variants:
-                r = run(v[1], directory, a.threads, a.prompt, a.decode, v[2])
+                r = run(v[1], directory, a.threads, a.prompt, a.decode, v[2], a.isa)
                 runs[(spec, v)].append(r)
                 print(f"repeat {rep + 1}/{a.repeats} {fmt} {v[0]}: {r['decode'][0]:.2f} decode tok/s, "
                       f"{r['share'][0]:.1f} % of {r['share'][1]:.2f} GB/s (probed {r['probes'][0]:.2f} before, "
@@ -192,10 +198,10 @@ def main():
             name = fmt if len(variants) == 1 else f"{fmt} {v[0]}"
             rows.append((name, median_row(runs[(spec, v)]), run_shares(runs[(spec, v)], a.max_wait)))
             if a.profile:
-                profiles[name] = profile(v[1], directory, a.threads, a.profile_steps, v[2])
+                profiles[name] = profile(v[1], directory, a.threads, a.profile_steps, v[2], a.isa)
     load_after = os.getloadavg()
     base = rows[0][1]
-    print(f"{info[0] if info else ''}; {a.threads} threads, batch 1, medians of {a.repeats} runs, OMP_WAIT_POLICY="
+    print(f"{info[0] if info else ''}; kernel level {a.isa or 'best'}; {a.threads} threads, batch 1, medians of {a.repeats} runs, OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY', 'passive')}; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
     print(f"| format | weights/token MB | decode tok/s | share of read bandwidth | shares per run % "
