@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/fp4_rows_walk.hpp"
 #include "kernels/cpu/linear_panels_avx2.hpp"
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/quant/codecs.hpp"
@@ -417,26 +418,9 @@ void fp4_bytes_stream(const Fp4ByteTables& t, const LinearArgs& a) {
         out[16 + q] = in[16 + Fp4ByteTables::kOrderA[q]];
         out[24 + q] = in[16 + Fp4ByteTables::kOrderB[q]];
       }
-  const auto* data = reinterpret_cast<const uint8_t*>(w.data);
-  const auto* codes = reinterpret_cast<const uint8_t*>(w.scales);
-  const int64_t ahead = 2 * NR * w.row_bytes;
-  for (int64_t b = 0; b < std::min(ahead, (a.n1 - a.n0) * w.row_bytes); b += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(data + a.n0 * w.row_bytes + b), _MM_HINT_T1);
-  const int64_t code_bytes = NR * w.scale_row_stride;
-  int64_t n = a.n0;
-  for (; n + NR <= a.n1; n += NR) {
-    // The scale codes are a stream of their own that the weight prefetch does not cover: the tile after
-    // next's codes into L2.
-    if (n + 3 * NR <= a.n1)
-      for (int64_t b = 0; b < code_bytes; b += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(codes + (n + 2 * NR) * w.scale_row_stride + b),
-                     _MM_HINT_T1);
-    fp4_bytes_tile<MR, NR, kFolded>(t, data + n * w.row_bytes, w.row_bytes, codes + n * w.scale_row_stride,
-                                    w.scale_row_stride, k, xp, a.y + n, a.ldy, ahead);
-  }
-  for (; n < a.n1; ++n)
-    fp4_bytes_tile<MR, 1, kFolded>(t, data + n * w.row_bytes, w.row_bytes, codes + n * w.scale_row_stride,
-                                   w.scale_row_stride, k, xp, a.y + n, a.ldy, 0);
+  walk_fp4_rows<NR>(a, [&]<int R>(const uint8_t* data, const uint8_t* codes, float* y, int64_t ahead) {
+    fp4_bytes_tile<MR, R, kFolded>(t, data, w.row_bytes, codes, w.scale_row_stride, k, xp, y, a.ldy, ahead);
+  });
 }
 
 // Whether the byte-table decode took the call: m ≤ 3, k a multiple of 32, every looked-up value exact.

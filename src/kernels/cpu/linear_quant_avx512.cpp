@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/fp4_rows_walk.hpp"
 #include "kernels/cpu/linear_panels_avx512.hpp"
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/quant/codecs.hpp"
@@ -326,27 +327,9 @@ void fp4_stream(const Fp4Decoder& dec, const LinearArgs& a) {
       _mm512_storeu_ps(xp.data() + i * k + p,
                        _mm512_maskz_permutexvar_ps(0xffff, Fp4Decoder::logical_of_physical(),
                                                    _mm512_loadu_ps(a.x + i * a.ldx + p)));
-  const auto* data = reinterpret_cast<const uint8_t*>(w.data);
-  const auto* codes = reinterpret_cast<const uint8_t*>(w.scales);
-  const int64_t ahead = 2 * NR * w.row_bytes;
-  for (int64_t b = 0; b < std::min(ahead, (a.n1 - a.n0) * w.row_bytes); b += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(data + a.n0 * w.row_bytes + b), _MM_HINT_T1);
-  int64_t n = a.n0;
-  const int64_t code_bytes = NR * w.scale_row_stride;
-  for (; n + NR <= a.n1; n += NR) {
-    // The scale codes are a stream of their own (NVFP4: one byte per 8 weight bytes, rows of 48-128 bytes
-    // at Qwen3 shapes) that the weight prefetch does not cover and the hardware prefetcher follows late:
-    // the tile after next's codes into L2 (NVFP4 experts +5 % per thread).
-    if (n + 3 * NR <= a.n1)
-      for (int64_t b = 0; b < code_bytes; b += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(codes + (n + 2 * NR) * w.scale_row_stride + b),
-                     _MM_HINT_T1);
-    fp4_tile<MR, NR, BC>(dec, data + n * w.row_bytes, w.row_bytes, codes + n * w.scale_row_stride,
-                         w.scale_row_stride, k, xp.data(), a.y + n, a.ldy, ahead);
-  }
-  for (; n < a.n1; ++n)
-    fp4_tile<MR, 1, BC>(dec, data + n * w.row_bytes, w.row_bytes, codes + n * w.scale_row_stride,
-                        w.scale_row_stride, k, xp.data(), a.y + n, a.ldy, 0);
+  walk_fp4_rows<NR>(a, [&]<int R>(const uint8_t* data, const uint8_t* codes, float* y, int64_t ahead) {
+    fp4_tile<MR, R, BC>(dec, data, w.row_bytes, codes, w.scale_row_stride, k, xp.data(), y, a.ldy, ahead);
+  });
 }
 
 // FP8 decode (m ≤ 3), shaped as fp4_tile: NR rows, each scale block walked 64 columns (4 vectors) per step
