@@ -401,14 +401,21 @@ void fp4_bytes_tile(const Fp4ByteTables& t, const uint8_t* data, int64_t row_byt
     }
 }
 
-template <int MR, int NR, bool kFolded>
-void fp4_bytes_stream(const Fp4ByteTables& t, const LinearArgs& a) {
+// Up to kFp4ByteRows x rows. x is put in the tables' lane order once; the weight rows are taken in slices of
+// about kFp4SliceBytes (well inside a Zen 3 core's 512 KiB L2), each slice run by every group of up to 4 x
+// rows in turn: the first group streams it from memory, the others read it from L2, and each group decodes it
+// again in registers, which at 4–16 rows costs less than writing and reading back a dequantised f32 panel.
+constexpr int64_t kFp4ByteRows = 16;
+constexpr int64_t kFp4SliceBytes = 128 << 10;
+
+template <bool kFolded>
+void fp4_bytes_rows(const Fp4ByteTables& t, const LinearArgs& a) {
   const PackedWeight& w = *a.w;
   const int64_t k = w.cols;  // a multiple of 32
-  // x rows in the tables' lane order (64-byte aligned, k a multiple of 32: aligned loads in the tile).
+  // 64-byte aligned, k a multiple of 32: aligned loads in the tile.
   Buffer<float> xp_buffer;
-  float* xp = xp_buffer.ensure(static_cast<size_t>(MR * k));
-  for (int i = 0; i < MR; ++i)
+  float* xp = xp_buffer.ensure(static_cast<size_t>(a.m * k));
+  for (int64_t i = 0; i < a.m; ++i)
     for (int64_t p = 0; p < k; p += 32)
       for (int q = 0; q < 8; ++q) {
         float* out = xp + i * k + p;
@@ -418,30 +425,49 @@ void fp4_bytes_stream(const Fp4ByteTables& t, const LinearArgs& a) {
         out[16 + q] = in[16 + Fp4ByteTables::kOrderA[q]];
         out[24 + q] = in[16 + Fp4ByteTables::kOrderB[q]];
       }
-  walk_fp4_rows<NR>(a, [&]<int R>(const uint8_t* data, const uint8_t* codes, float* y, int64_t ahead) {
-    fp4_bytes_tile<MR, R, kFolded>(t, data, w.row_bytes, codes, w.scale_row_stride, k, xp, y, a.ldy, ahead);
-  });
+  const int64_t slice =
+      a.m <= 3 ? a.n1 - a.n0 : std::max<int64_t>(8, kFp4SliceBytes / (w.row_bytes + w.scale_row_stride));
+  for (int64_t n0 = a.n0; n0 < a.n1; n0 += slice)
+    for (int64_t i = 0; i < a.m; i += 4) {
+      LinearArgs part = a;
+      part.n0 = n0;
+      part.n1 = std::min(a.n1, n0 + slice);
+      part.y = a.y + i * a.ldy;
+      const float* xg = xp + i * k;
+      const auto group = [&]<int MR, int NR>() {
+        walk_fp4_rows<NR>(part,
+                          [&]<int R>(const uint8_t* data, const uint8_t* codes, float* y, int64_t ahead) {
+                            fp4_bytes_tile<MR, R, kFolded>(t, data, w.row_bytes, codes, w.scale_row_stride, k,
+                                                           xg, y, a.ldy, ahead);
+                          });
+      };
+      switch (std::min<int64_t>(4, a.m - i)) {
+        case 1:
+          group.template operator()<1, 4>();
+          break;
+        case 2:
+          group.template operator()<2, 2>();
+          break;
+        case 3:
+          group.template operator()<3, 1>();
+          break;
+        default:
+          group.template operator()<4, 1>();
+          break;
+      }
+    }
 }
 
-// Whether the byte-table decode took the call: m ≤ 3, k a multiple of 32, every looked-up value exact.
+// Whether the byte-table decode took the call: m ≤ kFp4ByteRows, k a multiple of 32, every looked-up value
+// exact.
 bool fp4_by_bytes(const Scales& sc, const LinearArgs& a) {
-  if (a.w->cols % 32 != 0) return false;
+  if (a.w->cols % 32 != 0 || a.m > kFp4ByteRows) return false;
   const Fp4ByteTables t(sc, a.w->format);
   if (!t.exact) return false;
-  const auto run = [&]<bool kFolded>() {
-    switch (a.m) {
-      case 1:
-        return fp4_bytes_stream<1, 4, kFolded>(t, a);
-      case 2:
-        return fp4_bytes_stream<2, 2, kFolded>(t, a);
-      default:
-        return fp4_bytes_stream<3, 1, kFolded>(t, a);
-    }
-  };
   if (a.w->format == WeightFormat::mxfp4)
-    run.template operator()<true>();
+    fp4_bytes_rows<true>(t, a);
   else
-    run.template operator()<false>();
+    fp4_bytes_rows<false>(t, a);
   return true;
 }
 
@@ -593,17 +619,10 @@ bool fp8_bytes_tile(const Scales& sc, const uint8_t* data, int64_t row_bytes, in
                             _mm_set1_epi8(-1))) == 0;
 }
 
+// Rows [a.n0, a.n1) for MR x rows (a.x, a.y: the group's first row) whose permuted copy is xg.
 template <int MR, int NR>
-void fp8_bytes_stream(const Fp8Rows& exact, const LinearArgs& a) {
-  const int64_t k = a.w->cols, kp = (k + 31) / 32 * 32;
-  // x rows in the tile's lane order, zero past k (64-byte aligned: aligned loads in the tile).
-  Buffer<float> xp_buffer;
-  float* xp = xp_buffer.ensure_zero(static_cast<size_t>(MR * kp));
-  for (int i = 0; i < MR; ++i)
-    for (int64_t p = 0; p < k; ++p) {
-      const int64_t c = p % 32, half = c / 16, q = c % 16;  // column q of a 16-column half
-      xp[i * kp + p - c + half * 16 + (q % 8 < 4 ? 0 : 8) + (q / 8) * 4 + q % 4] = a.x[i * a.ldx + p];
-    }
+void fp8_bytes_walk(const Fp8Rows& exact, const LinearArgs& a, const float* xg) {
+  const int64_t k = a.w->cols;
   const auto rows_bytes = [&](int64_t b, int64_t e) { return (e - b) * exact.row_bytes; };
   const auto row_ptr = [&](int64_t r) {
     return reinterpret_cast<const char*>(exact.data + r * exact.row_bytes);
@@ -614,12 +633,53 @@ void fp8_bytes_stream(const Fp8Rows& exact, const LinearArgs& a) {
   int64_t n = a.n0;
   for (; n + NR <= a.n1; n += NR) {
     exact.prefetch_scales(std::min(a.n1, n + 2 * NR), std::min(a.n1, n + 3 * NR));
-    if (!fp8_bytes_tile<MR, NR>(exact.scales, exact.data, exact.row_bytes, n, k, xp, a.y, a.ldy, ahead))
+    if (!fp8_bytes_tile<MR, NR>(exact.scales, exact.data, exact.row_bytes, n, k, xg, a.y, a.ldy, ahead))
       tile<MR, NR>(exact, n, k, a.x, a.ldx, a.y, a.ldy);
   }
   for (; n < a.n1; ++n)
-    if (!fp8_bytes_tile<MR, 1>(exact.scales, exact.data, exact.row_bytes, n, k, xp, a.y, a.ldy, 0))
+    if (!fp8_bytes_tile<MR, 1>(exact.scales, exact.data, exact.row_bytes, n, k, xg, a.y, a.ldy, 0))
       tile<MR, 1>(exact, n, k, a.x, a.ldx, a.y, a.ldy);
+}
+
+// Up to kFp8ByteRows x rows, sliced and grouped as fp4_bytes_rows.
+constexpr int64_t kFp8ByteRows = 16;
+constexpr int64_t kFp8SliceBytes = 128 << 10;
+
+void fp8_bytes_rows(const Fp8Rows& exact, const LinearArgs& a) {
+  const int64_t k = a.w->cols, kp = (k + 31) / 32 * 32;
+  // x rows in the tile's lane order, zero past k (64-byte aligned: aligned loads in the tile).
+  Buffer<float> xp_buffer;
+  float* xp = xp_buffer.ensure_zero(static_cast<size_t>(a.m * kp));
+  for (int64_t i = 0; i < a.m; ++i)
+    for (int64_t p = 0; p < k; ++p) {
+      const int64_t c = p % 32, half = c / 16, q = c % 16;  // column q of a 16-column half
+      xp[i * kp + p - c + half * 16 + (q % 8 < 4 ? 0 : 8) + (q / 8) * 4 + q % 4] = a.x[i * a.ldx + p];
+    }
+  const int64_t slice = a.m <= 3 ? a.n1 - a.n0 : std::max<int64_t>(8, kFp8SliceBytes / exact.row_bytes);
+  for (int64_t n0 = a.n0; n0 < a.n1; n0 += slice)
+    for (int64_t i = 0; i < a.m; i += 4) {
+      LinearArgs part = a;
+      part.n0 = n0;
+      part.n1 = std::min(a.n1, n0 + slice);
+      part.x = a.x + i * a.ldx;
+      part.y = a.y + i * a.ldy;
+      part.m = std::min<int64_t>(4, a.m - i);
+      const float* xg = xp + i * kp;
+      switch (part.m) {
+        case 1:
+          fp8_bytes_walk<1, 4>(exact, part, xg);
+          break;
+        case 2:
+          fp8_bytes_walk<2, 2>(exact, part, xg);
+          break;
+        case 3:
+          fp8_bytes_walk<3, 1>(exact, part, xg);
+          break;
+        default:
+          fp8_bytes_walk<4, 1>(exact, part, xg);
+          break;
+      }
+    }
 }
 
 // Decode with the per-block decoders; a tile the decoder declines is redone by the exact tile over `exact`.
@@ -743,25 +803,15 @@ void linear(const LinearArgs& a, WeightFormat format) {
   quant::check_linear_args(a, format);
   if (a.m == 0 || a.n0 == a.n1) return;
   const Rows w(*a.w);
+  if constexpr (std::is_same_v<Rows, Fp4Rows>)
+    if (fp4_by_bytes(w.scales, a)) return;
+  if constexpr (std::is_same_v<Rows, Fp8Rows>)
+    if (a.m <= kFp8ByteRows && a.w->block_cols % 32 == 0 && quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1))
+      return fp8_bytes_rows(w, a);
   if (a.m <= 3) {
-    if constexpr (std::is_same_v<Rows, Fp4Rows>) {
-      if (fp4_by_bytes(w.scales, a)) return;
-      return stream_fast(Fp4Decoder(w.scales), w, a);
-    }
+    if constexpr (std::is_same_v<Rows, Fp4Rows>) return stream_fast(Fp4Decoder(w.scales), w, a);
     if constexpr (std::is_same_v<Rows, Fp8Rows>)
-      if (quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1)) {
-        if (a.w->block_cols % 32 == 0) {
-          switch (a.m) {
-            case 1:
-              return fp8_bytes_stream<1, 4>(w, a);
-            case 2:
-              return fp8_bytes_stream<2, 2>(w, a);
-            default:
-              return fp8_bytes_stream<3, 1>(w, a);
-          }
-        }
-        return stream_fast(Fp8Decoder{}, w, a);
-      }
+      if (quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1)) return stream_fast(Fp8Decoder{}, w, a);
   }
   switch (a.m) {
     case 1:
