@@ -242,5 +242,29 @@ TEST(QuantLinear, Fp4EveryScaleCodeUnderEitherDenormalMode) {
   }
 }
 
+// Batch shapes over more weight rows than one slice of the AVX2 byte-lookup path (128 KiB: 256 FP8 rows of
+// 512 columns, ~470 FP4 rows), so several slices each run by several groups of x rows, over a column
+// sub-range that starts and ends inside a slice: every level returns the reference's bits.
+TEST(QuantLinear, BatchShapesOverSeveralSlicesOfRows) {
+  const CpuFeatures features = detect_cpu_features();
+  if (vector_levels().empty()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(29);
+  const int64_t n = 1100, k = 512;
+  for (const WeightFormat f : {WeightFormat::fp8_block, WeightFormat::mxfp4, WeightFormat::nvfp4}) {
+    const QuantizedMatrix q = quantize(f, random_values(static_cast<size_t>(n * k), rng, 0.05f), n, k);
+    const PackedWeight w = q.view();
+    for (const int64_t m : {4, 6, 16}) {
+      const auto x = random_values(static_cast<size_t>(m * k), rng);
+      for (const auto& [n0, n1] : {std::pair<int64_t, int64_t>{0, n}, {131, 1001}}) {
+        const auto want = run(reference_kernel_table(), w, x, m, k, n0, n1, n);
+        for (const Isa isa : vector_levels())
+          expect_same(run(kernel_table(isa, features), w, x, m, k, n0, n1, n), want,
+                      std::string(weight_format_name(f)) + " m=" + std::to_string(m) + " cols [" +
+                          std::to_string(n0) + ", " + std::to_string(n1) + ") " + isa_name(isa));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace xmoe::kernels::quant
