@@ -16,7 +16,8 @@
 #
 #   tools/bench_compute.sh [build/xmoe]     env: MODEL (made with `xmoe init-model` if missing), THREADS=2,
 #                                           REPS=3, DECODE_TOKENS=32, SKIP_LAYER=1 to leave out `xmoe bench`,
-#                                           PRECISION=highest, BASELINE, PROFILE, BATCHES, SKIP_PREFILL
+#                                           PRECISION=highest, BASELINE, PROFILE, BATCHES, SKIP_PREFILL,
+#                                           ISA (cap the kernel level, e.g. avx2: an AVX2-only CPU's kernels)
 set -euo pipefail
 XMOE=${1:-build/xmoe}
 MODEL=${MODEL:-/tmp/xmoe-qwen3-30b-a3b-8layers}
@@ -46,6 +47,7 @@ median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v
 field() { grep -o -- "$2 [0-9.]*" <<<"$1" | awk '{print $NF}'; }
 
 common=(--model "$MODEL" --threads "$THREADS" --ignore-eos --temperature 1 --seed 1 --warmup --measure-bandwidth)
+[ -n "${ISA:-}" ] && common+=(--isa "$ISA")
 
 if [ "${SKIP_PREFILL:-0}" != 1 ]; then
   echo "== prefill: 512-token prompt, $THREADS threads, $REPS runs, matmul precision ${PRECISIONS[*]}, binaries ${LABELS[*]}"
