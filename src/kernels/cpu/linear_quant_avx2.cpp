@@ -322,10 +322,12 @@ struct Fp4ByteTables {
   static constexpr int kOrderB[8] = {2, 6, 10, 14, 3, 7, 11, 15};
 };
 
+// Not inlined: its register allocation is then its own, not a product of the caller's (a few % either way).
 template <int MR, int NR, bool kFolded>
-void fp4_bytes_tile(const Fp4ByteTables& t, const uint8_t* data, int64_t row_bytes, const uint8_t* codes,
-                    int64_t code_stride, int64_t k, const float* xp, float* y, int64_t ldy,
-                    int64_t prefetch_ahead) {
+__attribute__((noinline)) void fp4_bytes_tile(const Fp4ByteTables& t, const uint8_t* data, int64_t row_bytes,
+                                              const uint8_t* codes, int64_t code_stride, int64_t k,
+                                              const float* xp, float* y, int64_t ldy,
+                                              int64_t prefetch_ahead) {
   const __m256i nibble_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
   const __m256i low_nibble = _mm256_set1_epi8(0x0F);
   const __m256i high_word = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
@@ -401,12 +403,42 @@ void fp4_bytes_tile(const Fp4ByteTables& t, const uint8_t* data, int64_t row_byt
     }
 }
 
-// Up to kFp4ByteRows x rows. x is put in the tables' lane order once; the weight rows are taken in slices of
-// about kFp4SliceBytes (well inside a Zen 3 core's 512 KiB L2), each slice run by every group of up to 4 x
-// rows in turn: the first group streams it from memory, the others read it from L2, and each group decodes it
-// again in registers, which at 4–16 rows costs less than writing and reading back a dequantised f32 panel.
-constexpr int64_t kFp4ByteRows = 16;
-constexpr int64_t kFp4SliceBytes = 128 << 10;
+// The byte-lookup decodes take up to kByteLookupRows x rows. With 4 or more, the weight rows go in slices of
+// about kByteLookupSliceBytes (well inside a Zen 3 core's 512 KiB L2), each slice run by every group of up to
+// 4 x rows in turn: the first group streams it from memory, the others read it from L2, and each group
+// decodes it again in registers, which at 4–16 rows costs less than writing and reading back a dequantised
+// f32 panel. group.template operator()<MR, NR>(part, i) runs x rows [i, i + MR) (part: a cut to the slice's
+// weight rows and to those x and y rows) in tiles of NR weight rows.
+constexpr int64_t kByteLookupRows = 16;
+constexpr int64_t kByteLookupSliceBytes = 128 << 10;
+
+template <class Group>
+void slices_by_groups(const LinearArgs& a, int64_t bytes_per_row, Group&& group) {
+  const int64_t slice = a.m <= 3 ? a.n1 - a.n0 : std::max<int64_t>(8, kByteLookupSliceBytes / bytes_per_row);
+  for (int64_t n0 = a.n0; n0 < a.n1; n0 += slice)
+    for (int64_t i = 0; i < a.m; i += 4) {
+      LinearArgs part = a;
+      part.n0 = n0;
+      part.n1 = std::min(a.n1, n0 + slice);
+      part.x = a.x + i * a.ldx;
+      part.y = a.y + i * a.ldy;
+      part.m = std::min<int64_t>(4, a.m - i);
+      switch (part.m) {
+        case 1:
+          group.template operator()<1, 4>(part, i);
+          break;
+        case 2:
+          group.template operator()<2, 2>(part, i);
+          break;
+        case 3:
+          group.template operator()<3, 1>(part, i);
+          break;
+        default:
+          group.template operator()<4, 1>(part, i);
+          break;
+      }
+    }
+}
 
 template <bool kFolded>
 void fp4_bytes_rows(const Fp4ByteTables& t, const LinearArgs& a) {
@@ -425,43 +457,20 @@ void fp4_bytes_rows(const Fp4ByteTables& t, const LinearArgs& a) {
         out[16 + q] = in[16 + Fp4ByteTables::kOrderA[q]];
         out[24 + q] = in[16 + Fp4ByteTables::kOrderB[q]];
       }
-  const int64_t slice =
-      a.m <= 3 ? a.n1 - a.n0 : std::max<int64_t>(8, kFp4SliceBytes / (w.row_bytes + w.scale_row_stride));
-  for (int64_t n0 = a.n0; n0 < a.n1; n0 += slice)
-    for (int64_t i = 0; i < a.m; i += 4) {
-      LinearArgs part = a;
-      part.n0 = n0;
-      part.n1 = std::min(a.n1, n0 + slice);
-      part.y = a.y + i * a.ldy;
-      const float* xg = xp + i * k;
-      const auto group = [&]<int MR, int NR>() {
+  slices_by_groups(
+      a, w.row_bytes + w.scale_row_stride, [&]<int MR, int NR>(const LinearArgs& part, int64_t i) {
         walk_fp4_rows<NR>(part,
                           [&]<int R>(const uint8_t* data, const uint8_t* codes, float* y, int64_t ahead) {
                             fp4_bytes_tile<MR, R, kFolded>(t, data, w.row_bytes, codes, w.scale_row_stride, k,
-                                                           xg, y, a.ldy, ahead);
+                                                           xp + i * k, y, a.ldy, ahead);
                           });
-      };
-      switch (std::min<int64_t>(4, a.m - i)) {
-        case 1:
-          group.template operator()<1, 4>();
-          break;
-        case 2:
-          group.template operator()<2, 2>();
-          break;
-        case 3:
-          group.template operator()<3, 1>();
-          break;
-        default:
-          group.template operator()<4, 1>();
-          break;
-      }
-    }
+      });
 }
 
-// Whether the byte-table decode took the call: m ≤ kFp4ByteRows, k a multiple of 32, every looked-up value
+// Whether the byte-table decode took the call: m ≤ kByteLookupRows, k a multiple of 32, every looked-up value
 // exact.
 bool fp4_by_bytes(const Scales& sc, const LinearArgs& a) {
-  if (a.w->cols % 32 != 0 || a.m > kFp4ByteRows) return false;
+  if (a.w->cols % 32 != 0 || a.m > kByteLookupRows) return false;
   const Fp4ByteTables t(sc, a.w->format);
   if (!t.exact) return false;
   if (a.w->format == WeightFormat::mxfp4)
@@ -545,9 +554,11 @@ bool fast_tile(const Dec& dec, const Scales& sc, const uint8_t* data, int64_t ro
 // once per call, and the halves swapped back before the reduction). One lane-crossing permute per 32 codes
 // where finish takes two, no sign extension, and one prefetch per row and 64 columns. Returns false when a
 // NaN code was met (the caller redoes the tile exactly).
+// Not inlined, as fp4_bytes_tile.
 template <int MR, int NR>
-bool fp8_bytes_tile(const Scales& sc, const uint8_t* data, int64_t row_bytes, int64_t n, int64_t k,
-                    const float* xp, float* y, int64_t ldy, int64_t prefetch_ahead) {
+__attribute__((noinline)) bool fp8_bytes_tile(const Scales& sc, const uint8_t* data, int64_t row_bytes,
+                                              int64_t n, int64_t k, const float* xp, float* y, int64_t ldy,
+                                              int64_t prefetch_ahead) {
   const __m256i magnitude_bits = _mm256_set1_epi16(static_cast<short>(0x87F0));
   const __m256i zero = _mm256_setzero_si256();
   const uint8_t* d[NR];
@@ -619,9 +630,12 @@ bool fp8_bytes_tile(const Scales& sc, const uint8_t* data, int64_t row_bytes, in
                             _mm_set1_epi8(-1))) == 0;
 }
 
-// Rows [a.n0, a.n1) for MR x rows (a.x, a.y: the group's first row) whose permuted copy is xg.
-template <int MR, int NR>
-void fp8_bytes_walk(const Fp8Rows& exact, const LinearArgs& a, const float* xg) {
+// The decode paths' walk over weight rows [a.n0, a.n1): the first two tiles prefetched, tiles of NR rows and
+// then single rows, each NR-row tile told which bytes follow the next one (their scales prefetched here).
+// fast.template operator()<R>(n, next, next_bytes) decodes a tile of R rows from row n and returns false when
+// it met a code it leaves to the exact path, which then redoes the tile.
+template <int MR, int NR, class Rows, class Fast>
+void walk_tiles(const Rows& exact, const LinearArgs& a, Fast&& fast) {
   const int64_t k = a.w->cols;
   const auto rows_bytes = [&](int64_t b, int64_t e) { return (e - b) * exact.row_bytes; };
   const auto row_ptr = [&](int64_t r) {
@@ -629,22 +643,39 @@ void fp8_bytes_walk(const Fp8Rows& exact, const LinearArgs& a, const float* xg) 
   };
   for (int64_t b = 0; b < rows_bytes(a.n0, std::min(a.n1, a.n0 + 2 * NR)); b += 64)
     _mm_prefetch(row_ptr(a.n0) + b, _MM_HINT_T1);
-  const int64_t ahead = 2 * NR * exact.row_bytes;
+  const auto run = [&]<int R>(int64_t n, const char* next, int64_t next_bytes) {
+    if (!fast.template operator()<R>(n, next, next_bytes)) tile<MR, R>(exact, n, k, a.x, a.ldx, a.y, a.ldy);
+  };
   int64_t n = a.n0;
   for (; n + NR <= a.n1; n += NR) {
-    exact.prefetch_scales(std::min(a.n1, n + 2 * NR), std::min(a.n1, n + 3 * NR));
-    if (!fp8_bytes_tile<MR, NR>(exact.scales, exact.data, exact.row_bytes, n, k, xg, a.y, a.ldy, ahead))
-      tile<MR, NR>(exact, n, k, a.x, a.ldx, a.y, a.ldy);
+    const int64_t next_begin = std::min(a.n1, n + 2 * NR), next_end = std::min(a.n1, n + 3 * NR);
+    exact.prefetch_scales(next_begin, next_end);
+    run.template operator()<NR>(n, row_ptr(next_begin), rows_bytes(next_begin, next_end));
   }
-  for (; n < a.n1; ++n)
-    if (!fp8_bytes_tile<MR, 1>(exact.scales, exact.data, exact.row_bytes, n, k, xg, a.y, a.ldy, 0))
-      tile<MR, 1>(exact, n, k, a.x, a.ldx, a.y, a.ldy);
+  for (; n < a.n1; ++n) run.template operator()<1>(n, nullptr, 0);
 }
 
-// Up to kFp8ByteRows x rows, sliced and grouped as fp4_bytes_rows.
-constexpr int64_t kFp8ByteRows = 16;
-constexpr int64_t kFp8SliceBytes = 128 << 10;
+// Decode with the per-block decoders; a tile the decoder declines is redone by the exact tile over `exact`.
+template <int MR, int NR, class Dec, class Rows>
+void stream_rows_fast(const Dec& dec, const Rows& exact, const LinearArgs& a) {
+  walk_tiles<MR, NR>(exact, a, [&]<int R>(int64_t n, const char* next, int64_t next_bytes) {
+    return fast_tile<MR, R>(dec, exact.scales, exact.data, exact.row_bytes, n, a.w->cols, a.x, a.ldx, a.y,
+                            a.ldy, next, next_bytes);
+  });
+}
 
+// FP8 byte-lookup decode of rows [a.n0, a.n1) for MR x rows (a.x, a.y: the group's first row) whose permuted
+// copy is xg; each row prefetches the row two tiles below it.
+template <int MR, int NR>
+void fp8_bytes_walk(const Fp8Rows& exact, const LinearArgs& a, const float* xg) {
+  walk_tiles<MR, NR>(exact, a, [&]<int R>(int64_t n, const char* next, int64_t) {
+    const int64_t ahead = next ? next - reinterpret_cast<const char*>(exact.data + n * exact.row_bytes) : 0;
+    return fp8_bytes_tile<MR, R>(exact.scales, exact.data, exact.row_bytes, n, a.w->cols, xg, a.y, a.ldy,
+                                 ahead);
+  });
+}
+
+// Up to kByteLookupRows x rows, in slices and groups (slices_by_groups).
 void fp8_bytes_rows(const Fp8Rows& exact, const LinearArgs& a) {
   const int64_t k = a.w->cols, kp = (k + 31) / 32 * 32;
   // x rows in the tile's lane order, zero past k (64-byte aligned: aligned loads in the tile).
@@ -655,55 +686,9 @@ void fp8_bytes_rows(const Fp8Rows& exact, const LinearArgs& a) {
       const int64_t c = p % 32, half = c / 16, q = c % 16;  // column q of a 16-column half
       xp[i * kp + p - c + half * 16 + (q % 8 < 4 ? 0 : 8) + (q / 8) * 4 + q % 4] = a.x[i * a.ldx + p];
     }
-  const int64_t slice = a.m <= 3 ? a.n1 - a.n0 : std::max<int64_t>(8, kFp8SliceBytes / exact.row_bytes);
-  for (int64_t n0 = a.n0; n0 < a.n1; n0 += slice)
-    for (int64_t i = 0; i < a.m; i += 4) {
-      LinearArgs part = a;
-      part.n0 = n0;
-      part.n1 = std::min(a.n1, n0 + slice);
-      part.x = a.x + i * a.ldx;
-      part.y = a.y + i * a.ldy;
-      part.m = std::min<int64_t>(4, a.m - i);
-      const float* xg = xp + i * kp;
-      switch (part.m) {
-        case 1:
-          fp8_bytes_walk<1, 4>(exact, part, xg);
-          break;
-        case 2:
-          fp8_bytes_walk<2, 2>(exact, part, xg);
-          break;
-        case 3:
-          fp8_bytes_walk<3, 1>(exact, part, xg);
-          break;
-        default:
-          fp8_bytes_walk<4, 1>(exact, part, xg);
-          break;
-      }
-    }
-}
-
-// Decode with the per-block decoders; a tile the decoder declines is redone by the exact tile over `exact`.
-template <int MR, int NR, class Dec, class Rows>
-void stream_rows_fast(const Dec& dec, const Rows& exact, const LinearArgs& a) {
-  const int64_t k = a.w->cols;
-  const auto rows_bytes = [&](int64_t b, int64_t e) { return (e - b) * exact.row_bytes; };
-  const auto row_ptr = [&](int64_t r) {
-    return reinterpret_cast<const char*>(exact.data + r * exact.row_bytes);
-  };
-  for (int64_t b = 0; b < rows_bytes(a.n0, std::min(a.n1, a.n0 + 2 * NR)); b += 64)
-    _mm_prefetch(row_ptr(a.n0) + b, _MM_HINT_T1);
-  const auto run = [&]<int R>(int64_t n, const char* next, int64_t next_bytes) {
-    if (!fast_tile<MR, R>(dec, exact.scales, exact.data, exact.row_bytes, n, k, a.x, a.ldx, a.y, a.ldy, next,
-                          next_bytes))
-      tile<MR, R>(exact, n, k, a.x, a.ldx, a.y, a.ldy);
-  };
-  int64_t n = a.n0;
-  for (; n + NR <= a.n1; n += NR) {
-    const int64_t next_begin = std::min(a.n1, n + 2 * NR), next_end = std::min(a.n1, n + 3 * NR);
-    exact.prefetch_scales(next_begin, next_end);
-    run.template operator()<NR>(n, row_ptr(next_begin), rows_bytes(next_begin, next_end));
-  }
-  for (; n < a.n1; ++n) run.template operator()<1>(n, nullptr, 0);
+  slices_by_groups(a, exact.row_bytes, [&]<int MR, int NR>(const LinearArgs& part, int64_t i) {
+    fp8_bytes_walk<MR, NR>(exact, part, xp + i * kp);
+  });
 }
 
 template <class Dec, class Rows>
@@ -806,7 +791,8 @@ void linear(const LinearArgs& a, WeightFormat format) {
   if constexpr (std::is_same_v<Rows, Fp4Rows>)
     if (fp4_by_bytes(w.scales, a)) return;
   if constexpr (std::is_same_v<Rows, Fp8Rows>)
-    if (a.m <= kFp8ByteRows && a.w->block_cols % 32 == 0 && quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1))
+    if (a.m <= kByteLookupRows && a.w->block_cols % 32 == 0 &&
+        quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1))
       return fp8_bytes_rows(w, a);
   if (a.m <= 3) {
     if constexpr (std::is_same_v<Rows, Fp4Rows>) return stream_fast(Fp4Decoder(w.scales), w, a);
