@@ -194,8 +194,9 @@ void tile(const Rows& w, int64_t n, int64_t k, const float* x, int64_t ldx, floa
 //    rounds. NaN codes (S.1111.111) are tracked, not decoded: a tile that met one is redone exactly.
 //  * FP4: the eight E2M1 magnitudes times the multiplier as one 8-entry table (vpermps), the sign xor-ed in:
 //    (−v) · s is −(v · s) bit for bit, so each lane holds the reference's product.
-// At m ≤ 3 these run only where the byte-lookup decoders below do not apply (FP8 blocks of an odd multiple of
-// 16 columns, NVFP4 rows of an odd number of 16-column blocks); the panel packers use them at every shape.
+// Up to kByteLookupRows rows these run only where the byte-lookup decoders below do not apply (FP8 blocks of
+// an odd multiple of 16 columns, NVFP4 rows of an odd number of 16-column blocks); the panel packers (more
+// rows) use them at every shape.
 struct Fp8Decoder {
   static constexpr bool kPermuted = false;
   using Block = __m256;
@@ -268,9 +269,9 @@ struct Fp4Decoder {
   }
 };
 
-// FP4 decode (m ≤ 3) by in-lane byte lookups instead of vpermps. An E2M1 value has at most two significant
-// bits, so it and its product with a power of two (an MXFP4 block's E8M0 multiplier) are exact bf16 numbers,
-// subnormals, inf and NaN included. A step of 32 weights of a row decodes as
+// FP4 decode (up to kByteLookupRows rows) by in-lane byte lookups instead of vpermps. An E2M1 value has at
+// most two significant bits, so it and its product with a power of two (an MXFP4 block's E8M0 multiplier) are
+// exact bf16 numbers, subnormals, inf and NaN included. A step of 32 weights of a row decodes as
 //   16 code bytes in both 128-bit lanes → the low nibbles in lane 0, the high ones in lane 1 (one variable
 //   shift, one and) → two vpshufb through 16-byte tables (the low and the high byte of each value's bf16
 //   image) → two byte unpacks (bf16 words) → four f32 vectors (shift left by 16 for even words, a mask for
@@ -545,16 +546,15 @@ bool fast_tile(const Dec& dec, const Scales& sc, const uint8_t* data, int64_t ro
   return guard.clean();
 }
 
-// FP8 decode (m ≤ 3) for blocks of a multiple of 32 columns, 32 columns per step: the integer decode of
-// Fp8Decoder::finish reached by in-lane unpacks. The 32 codes' qwords put in the order 0, 2, 1, 3, a code
-// unpacked above a zero byte (c << 8), shifted right arithmetically by 4 and masked with 0x87F0 is the high
-// half of the f32 S.0000EEEE.MMM0… (its value × 2^-120), and unpacking those words above zero words gives
-// four f32 vectors holding columns {0-3, 8-11}, {4-7, 12-15}, {16-19, 24-27}, {20-23, 28-31} — two
-// accumulators per row whose lanes are columns {0-3, 8-11} and {4-7, 12-15} mod 16 (x is put in that order
-// once per call, and the halves swapped back before the reduction). One lane-crossing permute per 32 codes
-// where finish takes two, no sign extension, and one prefetch per row and 64 columns. Returns false when a
-// NaN code was met (the caller redoes the tile exactly).
-// Not inlined, as fp4_bytes_tile.
+// FP8 decode (up to kByteLookupRows rows) for blocks of a multiple of 32 columns, 32 columns per step: the
+// integer decode of Fp8Decoder::finish reached by in-lane unpacks. The 32 codes' qwords put in the order 0,
+// 2, 1, 3, a code unpacked above a zero byte (c << 8), shifted right arithmetically by 4 and masked with
+// 0x87F0 is the high half of the f32 S.0000EEEE.MMM0… (its value × 2^-120), and unpacking those words above
+// zero words gives four f32 vectors holding columns {0-3, 8-11}, {4-7, 12-15}, {16-19, 24-27}, {20-23, 28-31}
+// — two accumulators per row whose lanes are columns {0-3, 8-11} and {4-7, 12-15} mod 16 (x is put in that
+// order once per call, and the halves swapped back before the reduction). One lane-crossing permute per 32
+// codes where finish takes two, no sign extension, and one prefetch per row and 64 columns. Returns false
+// when a NaN code was met (the caller redoes the tile exactly). Not inlined, as fp4_bytes_tile.
 template <int MR, int NR>
 __attribute__((noinline)) bool fp8_bytes_tile(const Scales& sc, const uint8_t* data, int64_t row_bytes,
                                               int64_t n, int64_t k, const float* xp, float* y, int64_t ldy,
