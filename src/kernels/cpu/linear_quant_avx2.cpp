@@ -788,16 +788,17 @@ void linear(const LinearArgs& a, WeightFormat format) {
   quant::check_linear_args(a, format);
   if (a.m == 0 || a.n0 == a.n1) return;
   const Rows w(*a.w);
-  if constexpr (std::is_same_v<Rows, Fp4Rows>)
+  if constexpr (std::is_same_v<Rows, Fp4Rows>) {
     if (fp4_by_bytes(w.scales, a)) return;
-  if constexpr (std::is_same_v<Rows, Fp8Rows>)
-    if (a.m <= kByteLookupRows && a.w->block_cols % 32 == 0 &&
-        quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1))
-      return fp8_bytes_rows(w, a);
-  if (a.m <= 3) {
-    if constexpr (std::is_same_v<Rows, Fp4Rows>) return stream_fast(Fp4Decoder(w.scales), w, a);
-    if constexpr (std::is_same_v<Rows, Fp8Rows>)
-      if (quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1)) return stream_fast(Fp8Decoder{}, w, a);
+    if (a.m <= 3) return stream_fast(Fp4Decoder(w.scales), w, a);
+  } else {
+    // Scans every block scale of the rows: once per call.
+    const bool integer_decode = quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1);
+    if (integer_decode && a.m <= kByteLookupRows && a.w->block_cols % 32 == 0) return fp8_bytes_rows(w, a);
+    if (integer_decode && a.m <= 3) return stream_fast(Fp8Decoder{}, w, a);
+    if (a.m > 3)
+      return panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
+                                   Fp8PanelPacker{w, a.w->cols, integer_decode});
   }
   switch (a.m) {
     case 1:
@@ -813,9 +814,6 @@ void linear(const LinearArgs& a, WeightFormat format) {
     const Fp4Decoder dec(w.scales);
     panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
                           Fp4PanelPacker{dec, w, a.w->cols});
-  } else {
-    panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
-                          Fp8PanelPacker{w, a.w->cols, quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1)});
   }
 }
 
