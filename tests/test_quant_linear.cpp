@@ -243,19 +243,21 @@ TEST(QuantLinear, Fp4EveryScaleCodeUnderEitherDenormalMode) {
 }
 
 // Batch shapes over more weight rows than one slice of the AVX2 byte-lookup path (128 KiB: 256 FP8 rows of
-// 512 columns, ~470 FP4 rows), so several slices each run by several groups of x rows, over a column
-// sub-range that starts and ends inside a slice: every level returns the reference's bits.
+// 512 columns, ~470 FP4 rows) and of the AVX-512 decode path's (256 KiB: 512 FP8 rows, ~900 FP4 rows), so
+// several slices each run by several groups of x rows (row counts on either side of the AVX-512 FP8 and FP4
+// limits), over a column sub-range that starts and ends inside a slice: every level returns the reference's
+// bits.
 TEST(QuantLinear, BatchShapesOverSeveralSlicesOfRows) {
   const CpuFeatures features = detect_cpu_features();
   if (vector_levels().empty()) GTEST_SKIP() << "no AVX2 on this CPU";
   std::mt19937 rng(29);
-  const int64_t n = 1100, k = 512;
+  const int64_t n = 2100, k = 512;
   for (const WeightFormat f : {WeightFormat::fp8_block, WeightFormat::mxfp4, WeightFormat::nvfp4}) {
     const QuantizedMatrix q = quantize(f, random_values(static_cast<size_t>(n * k), rng, 0.05f), n, k);
     const PackedWeight w = q.view();
-    for (const int64_t m : {4, 6, 16}) {
+    for (const int64_t m : {4, 5, 6, 7, 16, 17}) {
       const auto x = random_values(static_cast<size_t>(m * k), rng);
-      for (const auto& [n0, n1] : {std::pair<int64_t, int64_t>{0, n}, {131, 1001}}) {
+      for (const auto& [n0, n1] : {std::pair<int64_t, int64_t>{0, n}, {131, 2001}}) {
         const auto want = run(reference_kernel_table(), w, x, m, k, n0, n1, n);
         for (const Isa isa : vector_levels())
           expect_same(run(kernel_table(isa, features), w, x, m, k, n0, n1, n), want,
