@@ -118,7 +118,7 @@ TEST(QuantLinear, NaNCodesAndScales) {
   auto mx = quantize_mxfp4(random_values(n * 64, rng).data(), n, 64);
   mx.scales[4 * 2 + 1] = 0xFF;  // row 4, second block
   for (const QuantizedMatrix* q : {&fp8, &mx})
-    for (const int64_t m : {3, 5}) {  // the decode and the panel path
+    for (const int64_t m : {3, 5, 17}) {  // the decode path, its slices by groups of rows, the panel path
       const PackedWeight w = q->view();
       const auto x = random_values(static_cast<size_t>(m * w.cols), rng);
       const auto want = run(reference_kernel_table(), w, x, m, w.cols, 0, n, n);
@@ -135,8 +135,9 @@ TEST(QuantLinear, NaNCodesAndScales) {
 }
 
 // NaN element codes among ordinary block scales, at the decode shapes (m = 1..3, where the fast decode paths
-// run), one row past a full tile, and prefill shapes (m ≥ 4: panels decoded by the same integer decode): each
-// NaN poisons its own column's outputs only, exactly as the reference.
+// run), one row past a full tile, batch shapes (m = 5, 13: by level the decode paths over slices of rows, or
+// panels) and a prefill shape (m = 17: panels decoded by the same integer decode at every level): each NaN
+// poisons its own column's outputs only, exactly as the reference.
 TEST(QuantLinear, NaNCodesAtDecodeAndPrefillShapes) {
   const CpuFeatures features = detect_cpu_features();
   std::mt19937 rng(13);
@@ -146,7 +147,7 @@ TEST(QuantLinear, NaNCodesAtDecodeAndPrefillShapes) {
   fp8.data[9 * k + 270] = 0xFF;  // row 9, in the k tail
   fp8.data[18 * k + 0] = 0xFF;   // row 18, a single-row tile
   const PackedWeight w = fp8.view();
-  for (const int64_t m : {1, 2, 3, 5, 13}) {
+  for (const int64_t m : {1, 2, 3, 5, 13, 17}) {
     const auto x = random_values(static_cast<size_t>(m * k), rng);
     const auto want = run(reference_kernel_table(), w, x, m, k, 0, n, n);
     for (int64_t i = 0; i < m; ++i)
@@ -159,8 +160,8 @@ TEST(QuantLinear, NaNCodesAtDecodeAndPrefillShapes) {
 }
 
 // FP8 block multipliers on both sides of the AVX-512 decode's bound (|s| < 2^8, where s · 2^120 is exact),
-// a subnormal one, and a zero one, at the decode and prefill shapes: every level still returns the
-// reference's bits.
+// a subnormal one, and a zero one, at the decode, batch (m = 6: slices by groups of x rows) and prefill
+// shapes: every level still returns the reference's bits.
 TEST(QuantLinear, Fp8ScaleRangesAtDecodeAndPrefillShapes) {
   const CpuFeatures features = detect_cpu_features();
   std::mt19937 rng(17);
@@ -169,7 +170,7 @@ TEST(QuantLinear, Fp8ScaleRangesAtDecodeAndPrefillShapes) {
     auto fp8 = quantize_fp8_block(random_values(n * k, rng).data(), n, k);
     std::memcpy(fp8.scales.data() + 4 * 1, &s, 4);  // columns 128..199: a 64-column step and a tail
     const PackedWeight w = fp8.view();
-    for (const int64_t m : {1, 2, 3, 6}) {
+    for (const int64_t m : {1, 2, 3, 6, 17}) {
       const auto x = random_values(static_cast<size_t>(m * k), rng);
       const auto want = run(reference_kernel_table(), w, x, m, k, 0, n, n);
       for (const Isa isa : vector_levels())
@@ -180,8 +181,8 @@ TEST(QuantLinear, Fp8ScaleRangesAtDecodeAndPrefillShapes) {
 }
 
 // With denormals-are-zero set (as some libraries leave MXCSR), every level still returns the reference's bits
-// for E4M3 subnormal codes at a decode and a prefill shape (the AVX-512 integer decode's f32 intermediates
-// are subnormal, so it must not run then).
+// for E4M3 subnormal codes at a decode, a batch and a prefill shape (the AVX-512 integer decode's f32
+// intermediates are subnormal, so it must not run then).
 TEST(QuantLinear, Fp8SubnormalCodesUnderDenormalsAreZero) {
   const CpuFeatures features = detect_cpu_features();
   if (vector_levels().empty()) GTEST_SKIP() << "no AVX2 on this CPU";
@@ -190,7 +191,7 @@ TEST(QuantLinear, Fp8SubnormalCodesUnderDenormalsAreZero) {
   auto fp8 = quantize_fp8_block(random_values(n * k, rng).data(), n, k);
   for (int64_t i = 0; i < n * k; ++i) fp8.data[i] = static_cast<uint8_t>((i % 7) + 1 + (i % 2) * 0x80);
   const PackedWeight w = fp8.view();
-  for (const int64_t m : {1, 5}) {
+  for (const int64_t m : {1, 5, 17}) {
     const auto x = random_values(static_cast<size_t>(m * k), rng);
     const auto want = run(reference_kernel_table(), w, x, m, k, 0, n, n);
     const unsigned csr = _mm_getcsr();

@@ -528,10 +528,10 @@ struct Fp4PanelPacker {
   }
 };
 
-// Up to kSliceRows x rows (batched decode), the decode path above takes every call: the weight rows in
-// slices of about kSliceBytes (a quarter of a Zen 4 core's L2), each slice run by every group of up to 3 x
-// rows in turn: the first group streams the slice from memory, the others read it from L2, and each decodes
-// it again in registers. From 4 rows that replaced the dequantised f32 panels, one thread, `xmoe
+// Up to kSliceRowsFp4 / kSliceRowsFp8 x rows (batched decode), the decode path above takes every call: the
+// weight rows in slices of about kSliceBytes (a quarter of a Zen 4 core's L2), each slice run by every group
+// of up to 3 x rows in turn: the first group streams the slice from memory, the others read it from L2, and
+// each decodes it again in registers. From 4 rows that replaced the dequantised f32 panels, one thread, `xmoe
 // linear-bench --threads 1 --clock thread --prefill-rows M` at Qwen3-30B-A3B's shapes (GFLOP/s, panel →
 // slices): MXFP4 60 → 86-89 at 4 rows, 78 → 95-100 at 8, 83-88 → 98-104 at 12, 87-93 → 95-100 at 16;
 // NVFP4 49-51 → 73-80, 69 → 84-94, 78-80 → 87-100, 83-84 → 92-95; at 20-32 rows the two were within a few
