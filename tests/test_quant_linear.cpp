@@ -256,7 +256,7 @@ TEST(QuantLinear, BatchShapesOverSeveralSlicesOfRows) {
   for (const WeightFormat f : {WeightFormat::fp8_block, WeightFormat::mxfp4, WeightFormat::nvfp4}) {
     const QuantizedMatrix q = quantize(f, random_values(static_cast<size_t>(n * k), rng, 0.05f), n, k);
     const PackedWeight w = q.view();
-    for (const int64_t m : {4, 5, 6, 7, 16, 17}) {
+    for (const int64_t m : {4, 5, 6, 7, 8, 9, 16, 17}) {
       const auto x = random_values(static_cast<size_t>(m * k), rng);
       for (const auto& [n0, n1] : {std::pair<int64_t, int64_t>{0, n}, {131, 2001}}) {
         const auto want = run(reference_kernel_table(), w, x, m, k, n0, n1, n);

@@ -146,7 +146,7 @@ void tile(const Rows& w, int64_t n, int64_t k, const float* x, int64_t ldx, floa
     for (int j = 0; j < NR; ++j) y[i * ldy + n + j] = reduce16(acc[i][j]);
 }
 
-// Decode: MR (< 4) rows, the weight streams once, NR rows at a time.
+// Decode: MR (≤ 4) rows, the weight streams once, NR rows at a time.
 template <int MR, int NR, class Rows>
 void stream_rows(const Rows& w, const LinearArgs& a) {
   const int64_t k = a.w->cols;
@@ -163,8 +163,8 @@ void stream_rows(const Rows& w, const LinearArgs& a) {
   for (; n < a.n1; ++n) tile<MR, 1>(w, n, k, a.x, a.ldx, a.y, a.ldy);
 }
 
-// The decode path's per-block decoders (m ≤ 3): the block multiplier is folded once per block and weight row,
-// leaving a handful of vector instructions per 16 weights.
+// The decode path's per-block decoders (groups of m ≤ 4 rows): the block multiplier is folded once per block
+// and weight row, leaving a handful of vector instructions per 16 weights.
 //  * FP8: a code sign-extended to 32 bits, shifted left by 20 and masked with 0x87F00000 is the f32 whose
 //    bits are S.0000EEEE.MMM0…: the E4M3 value × 2^-120 exactly, normals (exponent bias 127 instead of 7) and
 //    subnormals (an f32 subnormal with the same mantissa) alike. Times the block multiplier · 2^120 it is
@@ -251,7 +251,7 @@ struct Fp4Decoder {
   }
 };
 
-// FP4 decode (m ≤ 3): NR weight rows at a time, 64 columns (4 vectors) per step and row, so the per-row
+// FP4 decode (m ≤ 4): NR weight rows at a time, 64 columns (4 vectors) per step and row, so the per-row
 // pointers stay in registers and the loop's scalar work (scale codes, a prefetch per row) is spread over 4
 // vectors. x is put in the decoder's lane permutation once per call. The weight two tiles ahead is
 // prefetched into L2 at the same column (rows are contiguous, so that is the tile after next).
@@ -332,7 +332,7 @@ void fp4_stream(const Fp4Decoder& dec, const LinearArgs& a) {
   });
 }
 
-// FP8 decode (m ≤ 3), shaped as fp4_tile: NR rows, each scale block walked 64 columns (4 vectors) per step
+// FP8 decode (m ≤ 4), shaped as fp4_tile: NR rows, each scale block walked 64 columns (4 vectors) per step
 // with one prefetch per row and step, then 16-column steps and a masked k tail. Returns false when a NaN code
 // was met (the caller redoes the tile exactly).
 template <int MR, int NR>
@@ -428,8 +428,10 @@ void fp8_decode(const Fp8Rows& w, const LinearArgs& a) {
       return fp8_stream<1>(w, a);
     case 2:
       return fp8_stream<2>(w, a);
-    default:
+    case 3:
       return fp8_stream<3>(w, a);
+    default:
+      return fp8_stream<4>(w, a);
   }
 }
 
@@ -440,8 +442,10 @@ void fp4_decode(const Fp4Decoder& dec, const LinearArgs& a) {
       return fp4_stream<1, BC>(dec, a);
     case 2:
       return fp4_stream<2, BC>(dec, a);
-    default:
+    case 3:
       return fp4_stream<3, BC>(dec, a);
+    default:
+      return fp4_stream<4, BC>(dec, a);
   }
 }
 
@@ -530,20 +534,21 @@ struct Fp4PanelPacker {
 
 // Up to kSliceRowsFp4 / kSliceRowsFp8 x rows (batched decode), the decode path above takes every call: the
 // weight rows in slices of about kSliceBytes (a quarter of a Zen 4 core's L2), each slice run by every group
-// of up to 3 x rows in turn: the first group streams the slice from memory, the others read it from L2, and
-// each decodes it again in registers. From 4 rows that replaced the dequantised f32 panels, one thread, `xmoe
-// linear-bench --threads 1 --clock thread --prefill-rows M` at Qwen3-30B-A3B's shapes (GFLOP/s, panel →
-// slices): MXFP4 60 → 86-89 at 4 rows, 78 → 95-100 at 8, 83-88 → 98-104 at 12, 87-93 → 95-100 at 16;
-// NVFP4 49-51 → 73-80, 69 → 84-94, 78-80 → 87-100, 83-84 → 92-95; at 20-32 rows the two were within a few
-// per cent either way. FP8's decode tile is slower against its panel: 58 → 60 at 4 rows, 64 → 70 at 5,
-// 66-70 → 75-78 at 6, even at 7, 74-77 → 70-73 at 8. Groups are of nearly equal size (4 rows: 2 + 2).
-constexpr int64_t kSliceRowsFp4 = 16, kSliceRowsFp8 = 6;
+// of up to kGroupRows x rows in turn: the first group streams the slice from memory, the others read it from
+// L2, and each decodes it again in registers. Groups are of nearly equal size (5 rows: 2 + 3); decode(part)
+// runs a group's x rows over a slice's weight rows. From 4 rows this replaced the dequantised
+// f32 panels: one thread, `xmoe linear-bench --threads 1 --clock thread --stream-mb 1 --prefill-rows M` at
+// Qwen3-30B-A3B's shapes (GFLOP/s, panel → slices, Zen 4): MXFP4 60 → 94-103 at 4 rows, 78 → 94-103 at 8,
+// 83-93 → 95-104 at 12-16; NVFP4 49-51 → 96-101, 69 → 101-104, 78-84 → 101-103; FP8, whose decode costs more
+// per weight, 58 → 80-83 at 4, 65 → 76-79 at 7, 74-78 → 81-83 at 8, but 79-83 → 74-77 at 10 and 88-91 →
+// 80-88 at 16. Groups of up to 3 rows (4 = 2 + 2) were 10-45 % slower at 4 rows and up to 12 % at 8.
+constexpr int64_t kSliceRowsFp4 = 16, kSliceRowsFp8 = 8, kGroupRows = 4;
 constexpr int64_t kSliceBytes = 256 << 10;
 
 template <class Decode>
 void slices_by_groups(const LinearArgs& a, int64_t bytes_per_row, const Decode& decode) {
   const int64_t slice = a.m <= 3 ? a.n1 - a.n0 : std::max<int64_t>(8, kSliceBytes / bytes_per_row);
-  const int64_t groups = (a.m + 2) / 3;
+  const int64_t groups = (a.m + kGroupRows - 1) / kGroupRows;
   for (int64_t n0 = a.n0; n0 < a.n1; n0 += slice)
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t i0 = a.m * g / groups, i1 = a.m * (g + 1) / groups;
@@ -563,7 +568,7 @@ void linear(const LinearArgs& a, WeightFormat format) {
   if (a.m == 0 || a.n0 == a.n1) return;
   const Rows w(*a.w);
   if (a.m <= (std::is_same_v<Rows, Fp4Rows> ? kSliceRowsFp4 : kSliceRowsFp8)) {
-    // The decode path for 1 to 3 rows (part.m), with what it needs decided once per call.
+    // The decode path for 1 to 4 rows (part.m), with what it needs decided once per call.
     if constexpr (std::is_same_v<Rows, Fp4Rows>) {
       const Fp4Decoder dec(w.scales);
       const int64_t bytes_per_row = w.row_bytes + a.w->scale_row_stride;
@@ -579,8 +584,10 @@ void linear(const LinearArgs& a, WeightFormat format) {
             return stream_rows<1, 8>(w, part);
           case 2:
             return stream_rows<2, 8>(w, part);
-          default:
+          case 3:
             return stream_rows<3, 4>(w, part);
+          default:
+            return stream_rows<4, 4>(w, part);
         }
       });
     }
