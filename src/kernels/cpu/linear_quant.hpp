@@ -8,9 +8,11 @@
 //    with k ≡ l (mod 16) in ascending k as one FMA chain, and the lanes are added by reduce_lanes' fixed
 //    tree.
 // So a quantized linear equals the f32 linear over the dequantised weight. Each entry picks its own
-// blocking by m: up to 3 rows decode in registers, block by block, while the weight streams once; more rows
-// dequantise a panel of 16 weight rows once into f32 and run a register-blocked FMA micro-kernel over it in k
-// chunks of 256 columns, carrying the accumulators from chunk to chunk (so chunking changes no bit).
+// blocking by m: up to 3 rows decode in registers, block by block, while the weight streams once; batches
+// (AVX2: up to 16 rows; AVX-512: FP4 16, FP8 8) run the same decode over slices of weight rows, one group of
+// x rows after another; more rows dequantise a panel of weight rows once into f32 and run a register-blocked
+// FMA micro-kernel over it in k chunks, carrying the accumulators from chunk to chunk (so chunking changes no
+// bit).
 #pragma once
 #include "kernels/packed_weight.hpp"
 
@@ -36,6 +38,16 @@ namespace quant {
 // Checks the arguments every variant relies on (format, scale geometry, ranges); throws xmoe::Error naming
 // the field.
 void check_linear_args(const LinearArgs& args, WeightFormat format);
+// args restricted to x rows [i0, i0 + rows) and columns [n, n + cols).
+inline LinearArgs args_part(const LinearArgs& args, int64_t i0, int64_t rows, int64_t n, int64_t cols) {
+  LinearArgs part = args;
+  part.x = args.x + i0 * args.ldx;
+  part.m = rows;
+  part.y = args.y + i0 * args.ldy;
+  part.n0 = n;
+  part.n1 = n + cols;
+  return part;
+}
 // `reference` over rows [i0, i0 + rows) and columns [n, n + cols) of args: how the fast kernels compute a
 // tile that met a code their decode leaves out.
 void reference_part(const LinearArgs& args, LinearFn reference, int64_t i0, int64_t rows, int64_t n,

@@ -418,12 +418,8 @@ void slices_by_groups(const LinearArgs& a, int64_t bytes_per_row, Group&& group)
   const int64_t slice = a.m <= 3 ? a.n1 - a.n0 : std::max<int64_t>(8, kByteLookupSliceBytes / bytes_per_row);
   for (int64_t n0 = a.n0; n0 < a.n1; n0 += slice)
     for (int64_t i = 0; i < a.m; i += 4) {
-      LinearArgs part = a;
-      part.n0 = n0;
-      part.n1 = std::min(a.n1, n0 + slice);
-      part.x = a.x + i * a.ldx;
-      part.y = a.y + i * a.ldy;
-      part.m = std::min<int64_t>(4, a.m - i);
+      const LinearArgs part =
+          quant::args_part(a, i, std::min<int64_t>(4, a.m - i), n0, std::min(a.n1, n0 + slice) - n0);
       switch (part.m) {
         case 1:
           group.template operator()<1, 4>(part, i);

@@ -552,13 +552,7 @@ void slices_by_groups(const LinearArgs& a, int64_t bytes_per_row, const Decode& 
   for (int64_t n0 = a.n0; n0 < a.n1; n0 += slice)
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t i0 = a.m * g / groups, i1 = a.m * (g + 1) / groups;
-      LinearArgs part = a;
-      part.n0 = n0;
-      part.n1 = std::min(a.n1, n0 + slice);
-      part.x = a.x + i0 * a.ldx;
-      part.y = a.y + i0 * a.ldy;
-      part.m = i1 - i0;
-      decode(part);
+      decode(quant::args_part(a, i0, i1 - i0, n0, std::min(a.n1, n0 + slice) - n0));
     }
 }
 

@@ -38,13 +38,7 @@ bool fp8_integer_decode_exact(const PackedWeight& w, int64_t n0, int64_t n1) {
 
 void reference_part(const LinearArgs& args, LinearFn reference, int64_t i0, int64_t rows, int64_t n,
                     int64_t cols) {
-  LinearArgs part = args;
-  part.x = args.x + i0 * args.ldx;
-  part.m = rows;
-  part.y = args.y + i0 * args.ldy;
-  part.n0 = n;
-  part.n1 = n + cols;
-  reference(part);
+  reference(args_part(args, i0, rows, n, cols));
 }
 
 void check_linear_args(const LinearArgs& a, WeightFormat format) {
