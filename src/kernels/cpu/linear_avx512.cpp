@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <type_traits>
 
 #include "kernels/cpu/linear_panels_avx512.hpp"
 #include "kernels/cpu/linear_reduce_avx512.hpp"
@@ -28,6 +29,18 @@ inline __m512 load_w(const bf16* p, __mmask16 m) {
   // maskz forms: the unmasked intrinsics start from an undefined register, which GCC 12 warns about here.
   return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16));
 }
+// 32 bf16 weights p[0..31] widened to f32 in column order, lo = p[0..15] and hi = p[16..31], with one
+// shuffle: vpermw puts column l in word 2l and column 16 + l in word 2l + 1 of each dword, so a shift left by
+// 16 and a mask of the high words widen both halves. Shifts and logic ops issue beside the FMAs on Zen 4,
+// shuffles share their pipes (tools/vector_pipes.cpp): half the FMA-pipe time of load_w's two widenings.
+inline void load_w32(const bf16* p, __m512& lo, __m512& hi) {
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                       22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i pairs = _mm512_maskz_permutexvar_epi16(~__mmask32(0), idx, _mm512_loadu_si512(p));
+  lo = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, pairs, 16));  // maskz: see load_w(bf16)
+  hi = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
 inline __m512 load_w(const f16* p, __mmask16 m) {
   return _mm512_maskz_cvtph_ps(0xffff, _mm256_maskz_loadu_epi16(m, p));  // maskz: see load_w(bf16)
 }
@@ -149,8 +162,17 @@ void linear_panels(const float* x, int64_t ldx, int64_t m, const W* w, int64_t l
 // 4 KiB apart too). Tiles of 4 rows × 6 columns (24 accumulators) did better than 8 × 3 at m = 8 and than
 // the panel path at m = 16, which reaches the FMA rate. Each output is still one 16-lane chain over
 // ascending p and the fixed reduction.
+//
+// BF16 weights go 32 columns a step (load_w32) in groups of 5 rows: 4 × 5 accumulators + 2 × 5 weights + 1 x
+// + the shuffle index fill the 32 registers (6 rows spilled accumulators). One thread on Zen 4, 16 rows:
+// 74 % of the FMA peak with load_w 16 columns a step, 91 % so (`xmoe linear-bench --threads 1 --clock thread
+// --rows 16`). f32 and f16 weights have no shuffle to save and keep 16-column steps over 6 rows.
 constexpr int kFewTileRows = 4;
 constexpr int kFewCols = 6;  // 4 × 6 accumulators + 6 weights + 1 x of the 32 registers
+template <class W>
+constexpr int few_cols = kFewCols;
+template <>
+constexpr int few_cols<bf16> = 5;
 constexpr int64_t kFewRowsMax = 16;
 
 // y[i, j] for the MR x rows of one packed tile (xt: [step][MR][16]) and NR weight rows read in place;
@@ -165,7 +187,30 @@ void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   constexpr int64_t kStepBytes = NR * 16 * int64_t(sizeof(W));
   const int64_t steps = (k + 15) / 16;
-  for (int64_t s = 0; s < steps; ++s) {
+  int64_t s = 0;
+  if constexpr (std::is_same_v<W, bf16>) {
+    // Two steps at a time over full 32-column chunks; each lane's chain is the same sequence of FMAs.
+    for (; (s + 2) * 16 <= k; s += 2) {
+      if (next_bytes > 0) prefetch_slice(next, s * kStepBytes, 2 * kStepBytes, next_bytes);
+      __m512 lo[NR], hi[NR];
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) load_w32(w + j * ldw + s * 16, lo[j], hi[j]);
+      const float* px = xt + s * MR * 16;
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const __m512 xv = _mm512_load_ps(px + i * 16);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, lo[j], acc[i][j]);
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const __m512 xv = _mm512_load_ps(px + (MR + i) * 16);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, hi[j], acc[i][j]);
+      }
+    }
+  }
+  for (; s < steps; ++s) {
     const int64_t p = s * 16;
     const __mmask16 mask = k - p >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - p)) - 1);
     if (next_bytes > 0) prefetch_slice(next, s * kStepBytes, kStepBytes, next_bytes);
@@ -205,12 +250,13 @@ void linear_few_rows(const float* x, int64_t ldx, int64_t m, const W* w, int64_t
   pack_x(x, ldx, m, k, xp.get(), kFewTileRows);
   const auto row_ptr = [&](int64_t j) { return reinterpret_cast<const char*>(w + j * ldw); };
   const auto bytes_of_rows = [&](int64_t a, int64_t b) { return (b - a) * ldw * int64_t(sizeof(W)); };
-  for (int64_t b = 0; b < bytes_of_rows(n0, std::min(n1, n0 + kFewCols)); b += 64)
+  constexpr int C = few_cols<W>;
+  for (int64_t b = 0; b < bytes_of_rows(n0, std::min(n1, n0 + C)); b += 64)
     _mm_prefetch(row_ptr(n0) + b, _MM_HINT_T1);
   int64_t j = n0;
-  for (; j + kFewCols <= n1; j += kFewCols)
-    few_rows_group<kFewCols>(xp.get(), m, steps, w + j * ldw, ldw, k, y + j, ldy, row_ptr(j + kFewCols),
-                             bytes_of_rows(j + kFewCols, std::min(n1, j + 2 * kFewCols)));
+  for (; j + C <= n1; j += C)
+    few_rows_group<C>(xp.get(), m, steps, w + j * ldw, ldw, k, y + j, ldy, row_ptr(j + C),
+                      bytes_of_rows(j + C, std::min(n1, j + 2 * C)));
   for (; j < n1; ++j) few_rows_group<1>(xp.get(), m, steps, w + j * ldw, ldw, k, y + j, ldy, nullptr, 0);
 }
 
