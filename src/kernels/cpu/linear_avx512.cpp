@@ -4,9 +4,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <memory>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/cpu/linear_panels_avx512.hpp"
 #include "kernels/cpu/linear_reduce_avx512.hpp"
@@ -163,10 +165,11 @@ void linear_panels(const float* x, int64_t ldx, int64_t m, const W* w, int64_t l
 // the panel path at m = 16, which reaches the FMA rate. Each output is still one 16-lane chain over
 // ascending p and the fixed reduction.
 //
-// BF16 weights go 32 columns a step (load_w32) in groups of 5 rows: 4 × 5 accumulators + 2 × 5 weights + 1 x
-// + the shuffle index fill the 32 registers (6 rows spilled accumulators). One thread on Zen 4, 16 rows:
-// 74 % of the FMA peak with load_w 16 columns a step, 91 % so (`xmoe linear-bench --threads 1 --clock thread
-// --rows 16`). f32 and f16 weights have no shuffle to save and keep 16-column steps over 6 rows.
+// BF16 weights go 32 columns a step (load_w32) in groups of 5 rows against x tiles of up to 4 rows (4 × 5
+// accumulators + 2 × 5 weights + 1 x + the shuffle index: 6 rows spilled accumulators), or 4 rows against
+// tiles of up to 5 where that takes fewer tiles (linear_few_rows). One thread on Zen 4, 16 rows: 74 % of the
+// FMA peak with load_w 16 columns a step, 91 % so (`xmoe linear-bench --threads 1 --clock thread --rows
+// 16`). f32 and f16 weights have no shuffle to save and keep 16-column steps over 6 rows.
 constexpr int kFewTileRows = 4;
 constexpr int kFewCols = 6;  // 4 × 6 accumulators + 6 weights + 1 x of the 32 registers
 template <class W>
@@ -228,36 +231,52 @@ void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int
   lane_tree::store_sums<MR, NR>(acc, y, ldy);
 }
 
-// Weight rows [j, j + NR) over every packed x tile.
-template <int NR, class W>
+// Weight rows [j, j + NR) over every packed x tile (tiles of at most TR rows).
+template <int NR, int TR, class W>
 void few_rows_group(const float* xp, int64_t m, int64_t steps, const W* w, int64_t ldw, int64_t k, float* y,
                     int64_t ldy, const char* next, int64_t next_bytes) {
   using TileFn = void (*)(const float*, const W*, int64_t, int64_t, float*, int64_t, const char*, int64_t);
-  constexpr TileFn kTiles[kFewTileRows + 1] = {nullptr, few_tile<1, NR, W>, few_tile<2, NR, W>,
-                                               few_tile<3, NR, W>, few_tile<4, NR, W>};
-  for (int64_t t = 0; t < tile_count(m, kFewTileRows); ++t) {
-    const int64_t i0 = tile_start(m, t, kFewTileRows);
-    kTiles[tile_start(m, t + 1, kFewTileRows) - i0](xp + i0 * steps * 16, w, ldw, k, y + i0 * ldy, ldy,
-                                                    t == 0 ? next : nullptr, t == 0 ? next_bytes : 0);
+  constexpr auto kTiles = []<int... R>(std::integer_sequence<int, R...>) {
+    return std::array<TileFn, TR + 1>{nullptr, few_tile<R + 1, NR, W>...};
   }
+  (std::make_integer_sequence<int, TR>{});
+  for (int64_t t = 0; t < tile_count(m, TR); ++t) {
+    const int64_t i0 = tile_start(m, t, TR);
+    kTiles[tile_start(m, t + 1, TR) - i0](xp + i0 * steps * 16, w, ldw, k, y + i0 * ldy, ldy,
+                                          t == 0 ? next : nullptr, t == 0 ? next_bytes : 0);
+  }
+}
+
+// Groups of C weight rows against x tiles of at most TR rows.
+template <int C, int TR, class W>
+void few_rows(const float* x, int64_t ldx, int64_t m, const W* w, int64_t ldw, int64_t k, int64_t n0,
+              int64_t n1, float* y, int64_t ldy) {
+  const int64_t steps = (k + 15) / 16;
+  const AlignedFloats xp = aligned_floats(m * steps * 16);
+  pack_x(x, ldx, m, k, xp.get(), TR);
+  const auto row_ptr = [&](int64_t j) { return reinterpret_cast<const char*>(w + j * ldw); };
+  const auto bytes_of_rows = [&](int64_t a, int64_t b) { return (b - a) * ldw * int64_t(sizeof(W)); };
+  for (int64_t b = 0; b < bytes_of_rows(n0, std::min(n1, n0 + C)); b += 64)
+    _mm_prefetch(row_ptr(n0) + b, _MM_HINT_T1);
+  int64_t j = n0;
+  for (; j + C <= n1; j += C)
+    few_rows_group<C, TR>(xp.get(), m, steps, w + j * ldw, ldw, k, y + j, ldy, row_ptr(j + C),
+                          bytes_of_rows(j + C, std::min(n1, j + 2 * C)));
+  for (; j < n1; ++j) few_rows_group<1, TR>(xp.get(), m, steps, w + j * ldw, ldw, k, y + j, ldy, nullptr, 0);
 }
 
 template <class W>
 void linear_few_rows(const float* x, int64_t ldx, int64_t m, const W* w, int64_t ldw, int64_t k, int64_t n0,
                      int64_t n1, float* y, int64_t ldy) {
-  const int64_t steps = (k + 15) / 16;
-  const AlignedFloats xp = aligned_floats(m * steps * 16);
-  pack_x(x, ldx, m, k, xp.get(), kFewTileRows);
-  const auto row_ptr = [&](int64_t j) { return reinterpret_cast<const char*>(w + j * ldw); };
-  const auto bytes_of_rows = [&](int64_t a, int64_t b) { return (b - a) * ldw * int64_t(sizeof(W)); };
-  constexpr int C = few_cols<W>;
-  for (int64_t b = 0; b < bytes_of_rows(n0, std::min(n1, n0 + C)); b += 64)
-    _mm_prefetch(row_ptr(n0) + b, _MM_HINT_T1);
-  int64_t j = n0;
-  for (; j + C <= n1; j += C)
-    few_rows_group<C>(xp.get(), m, steps, w + j * ldw, ldw, k, y + j, ldy, row_ptr(j + C),
-                      bytes_of_rows(j + C, std::min(n1, j + 2 * C)));
-  for (; j < n1; ++j) few_rows_group<1>(xp.get(), m, steps, w + j * ldw, ldw, k, y + j, ldy, nullptr, 0);
+  if constexpr (std::is_same_v<W, bf16>) {
+    // x tiles of up to 5 rows against groups of 4 weight rows where that takes fewer tiles (m = 5, 9, 10,
+    // 13-15: each tile widens the group's weights again), else 4 rows against 5. One thread on Zen 4, GFLOP/s
+    // at k = 2048: m = 5 67 -> 98-103, 9 86-94 -> 97-100, 15 95-100 -> 101-109; the other sizes lose 5-15 %
+    // with 4-weight-row groups, so they keep 5.
+    if (tile_count(m, 5) < tile_count(m, kFewTileRows))
+      return few_rows<4, 5>(x, ldx, m, w, ldw, k, n0, n1, y, ldy);
+  }
+  few_rows<few_cols<W>, kFewTileRows>(x, ldx, m, w, ldw, k, n0, n1, y, ldy);
 }
 
 template <class W>
