@@ -166,10 +166,11 @@ void linear_panels(const float* x, int64_t ldx, int64_t m, const W* w, int64_t l
 // ascending p and the fixed reduction.
 //
 // BF16 weights go 32 columns a step (load_w32) in groups of 5 rows against x tiles of up to 4 rows (4 × 5
-// accumulators + 2 × 5 weights + 1 x + the shuffle index: 6 rows spilled accumulators), or 4 rows against
-// tiles of up to 5 where that takes fewer tiles (linear_few_rows). One thread on Zen 4, 16 rows: 74 % of the
-// FMA peak with load_w 16 columns a step, 91 % so (`xmoe linear-bench --threads 1 --clock thread --rows
-// 16`). f32 and f16 weights have no shuffle to save and keep 16-column steps over 6 rows.
+// accumulators + 2 × 5 weights + 1 x + the shuffle index fill the registers; groups of 6 spilled
+// accumulators), or 4 rows against tiles of up to 5 where that takes fewer tiles (linear_few_rows). One
+// thread on Zen 4, 16 rows: 74 % of the FMA peak with load_w 16 columns a step, 91 % so (`xmoe linear-bench
+// --threads 1 --clock thread --rows 16`). f32 and f16 weights have no shuffle to save and keep 16-column
+// steps over 6 rows.
 constexpr int kFewTileRows = 4;
 constexpr int kFewCols = 6;  // 4 × 6 accumulators + 6 weights + 1 x of the 32 registers
 template <class W>
