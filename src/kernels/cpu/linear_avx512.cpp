@@ -191,6 +191,15 @@ void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   constexpr int64_t kStepBytes = NR * 16 * int64_t(sizeof(W));
   const int64_t steps = (k + 15) / 16;
+  // One step: the MR packed x vectors at px times the NR weight vectors wv.
+  const auto step = [&](const float* px, const __m512(&wv)[NR]) {
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 xv = _mm512_load_ps(px + i * 16);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  };
   int64_t s = 0;
   if constexpr (std::is_same_v<W, bf16>) {
     // Two steps at a time over full 32-column chunks; each lane's chain is the same sequence of FMAs.
@@ -199,19 +208,8 @@ void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int
       __m512 lo[NR], hi[NR];
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) load_w32(w + j * ldw + s * 16, lo[j], hi[j]);
-      const float* px = xt + s * MR * 16;
-#pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) {
-        const __m512 xv = _mm512_load_ps(px + i * 16);
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, lo[j], acc[i][j]);
-      }
-#pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) {
-        const __m512 xv = _mm512_load_ps(px + (MR + i) * 16);
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, hi[j], acc[i][j]);
-      }
+      step(xt + s * MR * 16, lo);
+      step(xt + (s + 1) * MR * 16, hi);
     }
   }
   for (; s < steps; ++s) {
@@ -221,13 +219,7 @@ void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int
     __m512 wv[NR];
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = load_w(w + j * ldw + p, mask);
-    const float* px = xt + s * MR * 16;
-#pragma GCC unroll 8
-    for (int i = 0; i < MR; ++i) {
-      const __m512 xv = _mm512_load_ps(px + i * 16);
-#pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
-    }
+    step(xt + s * MR * 16, wv);
   }
   lane_tree::store_sums<MR, NR>(acc, y, ldy);
 }
