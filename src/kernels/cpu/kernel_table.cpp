@@ -73,6 +73,14 @@ KernelTable make_avx512_bf16() {
   return t;
 }
 
+// The AMX level: the AVX512-BF16 level's kernels, under its own name (so a table says which level was
+// asked for, and the medium table derived from it is the AMX level's).
+KernelTable make_amx() {
+  KernelTable t = make_avx512_bf16();
+  t.isa = Isa::amx;
+  return t;
+}
+
 // The same table with BF16 linears at the medium precision.
 KernelTable with_medium_bf16(KernelTable t, LinearFn linear_bf16_medium) {
   t.precision = MatmulPrecision::medium;
@@ -105,6 +113,7 @@ const KernelTable& kernel_table(Isa isa, const CpuFeatures& features) {
   static const KernelTable avx2_table = make_avx2();
   static const KernelTable avx512_table = make_avx512();
   static const KernelTable avx512_bf16_table = make_avx512_bf16();
+  static const KernelTable amx_table = make_amx();
   switch (isa) {
     case Isa::reference:
       return reference_kernel_table();
@@ -113,8 +122,9 @@ const KernelTable& kernel_table(Isa isa, const CpuFeatures& features) {
     case Isa::avx512:
       return avx512_table;
     case Isa::avx512_bf16:
+      return avx512_bf16_table;
     case Isa::amx:
-      return avx512_bf16_table;  // no AMX kernels yet: the best below it serves
+      return amx_table;
   }
   return reference_kernel_table();
 }
@@ -126,12 +136,14 @@ const KernelTable& kernel_table(Isa isa, const CpuFeatures& features, MatmulPrec
       with_medium_bf16(reference_kernel_table(), reference::linear_bf16_medium);
   static const KernelTable avx512_bf16_medium =
       with_medium_bf16(make_avx512_bf16(), avx512_bf16::linear_bf16_medium);
+  static const KernelTable amx_medium = with_medium_bf16(make_amx(), avx512_bf16::linear_bf16_medium);
   switch (highest.isa) {
     case Isa::reference:
       return reference_medium;
     case Isa::avx512_bf16:
-    case Isa::amx:
       return avx512_bf16_medium;
+    case Isa::amx:
+      return amx_medium;
     case Isa::avx2:
     case Isa::avx512:
       break;
