@@ -73,8 +73,8 @@ KernelTable make_avx512_bf16() {
   return t;
 }
 
-// The AMX level: the AVX512-BF16 level's kernels, under its own name (so a table says which level was
-// asked for, and the medium table derived from it is the AMX level's).
+// AMX adds kernels only at the medium precision (the BF16 linear, kernel_table below); at highest its level
+// runs the AVX512-BF16 level's.
 KernelTable make_amx() {
   KernelTable t = make_avx512_bf16();
   t.isa = Isa::amx;
@@ -136,7 +136,9 @@ const KernelTable& kernel_table(Isa isa, const CpuFeatures& features, MatmulPrec
       with_medium_bf16(reference_kernel_table(), reference::linear_bf16_medium);
   static const KernelTable avx512_bf16_medium =
       with_medium_bf16(make_avx512_bf16(), avx512_bf16::linear_bf16_medium);
-  static const KernelTable amx_medium = with_medium_bf16(make_amx(), avx512_bf16::linear_bf16_medium);
+  // AMX: BF16 linears in TDPBF16PS's arithmetic (linear_bf16tile.hpp); the quantized formats' medium
+  // kernels stay VDPBF16PS's.
+  static const KernelTable amx_medium = with_medium_bf16(make_amx(), amx::linear_bf16_medium);
   switch (highest.isa) {
     case Isa::reference:
       return reference_medium;

@@ -39,7 +39,8 @@ XMOE_DECLARE_GEMMS
 void gemm_f64(const GemmArgs<double, double>& args);
 XMOE_DECLARE_ELEMENTWISE
 XMOE_DECLARE_LINEAR_FLOAT
-void linear_bf16_medium(const LinearArgs& args);  // linear_bf16dot.hpp's arithmetic, emulated
+void linear_bf16_medium(const LinearArgs& args);       // linear_bf16dot.hpp's arithmetic, emulated
+void linear_bf16_medium_tile(const LinearArgs& args);  // linear_bf16tile.hpp's (the AMX level's), emulated
 }  // namespace reference
 namespace avx2 {
 XMOE_DECLARE_GEMMS
@@ -55,4 +56,7 @@ namespace avx512_bf16 {
 void gemm_bf16(const GemmArgs<bf16, float>& args);  // VDPBF16PS microkernel
 void linear_bf16_medium(const LinearArgs& args);    // the `medium` precision's BF16 linear (VDPBF16PS)
 }  // namespace avx512_bf16
+namespace amx {
+void linear_bf16_medium(const LinearArgs& args);  // the AMX level's `medium` BF16 linear (TDPBF16PS)
+}  // namespace amx
 }  // namespace xmoe::kernels

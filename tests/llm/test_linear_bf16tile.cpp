@@ -1,0 +1,250 @@
+// The AMX level's `medium` BF16 linear (kernels/cpu/linear_bf16tile.hpp):
+//  * TDPBF16PS itself, on random and hand-made tiles, gives linear_bf16tile.hpp's step (so the reference's
+//    model of the instruction is checked against the instruction);
+//  * the AMX kernel gives the scalar reference's bits for m = 1..17, 33, 100, 130 and awkward k / n /
+//    column ranges, on data with denormals, signed zeros and rounding ties;
+//  * the reference lies within f32 accumulation error of PyTorch's float64 product of the bf16-rounded
+//    operands (the fixture of tools/make_bf16dot_fixture.py);
+//  * a row's outputs do not depend on the rest of the batch or the thread count;
+//  * the AMX table is medium's at the AMX level only, with every other entry the AVX512-BF16 level's.
+// Without AMX (or the OS's tile permission) the kernel tests skip; the reference tests always run.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/linear_bf16tile.hpp"
+#include "kernels/cpu/variants.hpp"
+#include "kernels/cpu_features.hpp"
+#include "kernels/kernels.hpp"
+#include "kernels/linear.hpp"
+#include "xmoe/error.hpp"
+#include "xmoe/safetensors.hpp"
+
+namespace xmoe::kernels {
+namespace {
+
+// A [n, k] bf16 weight (bits given) with rows `stride` elements apart; gaps hold NaN bits.
+struct Bf16Weight {
+  std::vector<uint16_t> bits;
+  PackedWeight w;
+  Bf16Weight(const std::vector<uint16_t>& v, int64_t n, int64_t k, int64_t stride)
+      : bits(static_cast<size_t>(n * stride), 0x7fc1) {
+    for (int64_t r = 0; r < n; ++r) std::copy_n(v.begin() + r * k, k, bits.begin() + r * stride);
+    w.format = WeightFormat::bf16;
+    w.rows = n;
+    w.cols = k;
+    w.data = reinterpret_cast<const std::byte*>(bits.data());
+    w.row_bytes = stride * 2;
+  }
+};
+
+// Values over a wide exponent range (sums cancel and round), f32 denormals (bf16 denormals after rounding),
+// signed zeros and rounding ties.
+float tricky_x(std::mt19937& rng) {
+  std::uniform_int_distribution<int> kind(0, 19), ex(-30, 30);
+  std::normal_distribution<float> nd;
+  switch (kind(rng)) {
+    case 0:
+      return 1e-39f * (nd(rng) > 0 ? 1 : -1);
+    case 1:
+      return -0.0f;
+    case 2:
+      return 1.0f + 0x1p-8f;
+    default:
+      return std::ldexp(nd(rng), ex(rng));
+  }
+}
+uint16_t tricky_w(std::mt19937& rng) {
+  std::uniform_int_distribution<int> kind(0, 19), ex(-30, 30), mant(1, 127);
+  std::normal_distribution<float> nd;
+  switch (kind(rng)) {
+    case 0:
+      return static_cast<uint16_t>(mant(rng));  // bf16 denormal
+    case 1:
+      return 0x8000;
+    default:
+      return bf16::from_float(std::ldexp(nd(rng), ex(rng)));
+  }
+}
+
+bool same_bits(float a, float b) {
+  return std::memcmp(&a, &b, 4) == 0;
+}
+
+const KernelTable* amx_medium_table() {
+  const CpuFeatures features = detect_cpu_features();
+  if (!isa_supported(features, Isa::amx)) return nullptr;
+  return &kernel_table(Isa::amx, features, MatmulPrecision::medium);
+}
+
+std::vector<float> run(LinearFn fn, const PackedWeight& w, const std::vector<float>& x, int64_t m,
+                       int64_t ldx, int64_t n0, int64_t n1) {
+  std::vector<float> y(static_cast<size_t>(m * w.rows), -7.0f);
+  fn({x.data(), m, ldx, &w, n0, n1, y.data(), w.rows});
+  return y;
+}
+
+TEST(LinearBf16Tile, KernelMatchesReferenceBitForBit) {
+  const KernelTable* amx = amx_medium_table();
+  if (!amx) GTEST_SKIP() << "no AMX-BF16 (or no tile permission) on this CPU";
+  const LinearFn fast = amx->linear[size_t(WeightFormat::bf16)];
+  std::mt19937 rng(11);
+  int64_t cases = 0;
+  for (int64_t m : {1, 2, 3, 5, 8, 9, 15, 16, 17, 33, 100, 130})
+    for (int64_t k : {1, 31, 32, 33, 64, 67, 130})
+      for (int64_t n : {1, 7, 16, 17, 40, 49, 70}) {
+        if (m > 33 && k != 67 && k != 64) continue;  // the large m cross the x block; two k are enough there
+        const int64_t stride = k + (n % 2) * 5, ldx = k + 3;
+        std::vector<uint16_t> v(static_cast<size_t>(n * k));
+        for (uint16_t& e : v) e = tricky_w(rng);
+        std::vector<float> x(static_cast<size_t>(m * ldx), std::nanf(""));  // gaps: NaN, never read
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t p = 0; p < k; ++p) x[static_cast<size_t>(i * ldx + p)] = tricky_x(rng);
+        const Bf16Weight tw(v, n, k, stride);
+        const int64_t n0 = n > 16 ? 3 : 0;  // a column range not starting at a tile
+        const std::vector<float> a = run(fast, tw.w, x, m, ldx, n0, n),
+                                 b = run(reference::linear_bf16_medium_tile, tw.w, x, m, ldx, n0, n);
+        for (size_t e = 0; e < a.size(); ++e)
+          ASSERT_TRUE(same_bits(a[e], b[e]))
+              << "m=" << m << " k=" << k << " n=" << n << " output " << e << ": " << a[e] << " vs " << b[e];
+        ++cases;
+      }
+  EXPECT_GT(cases, 300);
+}
+
+// Hand-made steps whose result depends on each documented detail of TDPBF16PS; the instruction (through the
+// kernel) and the reference must give the stated values. k = 64: step 0 holds pairs 0..15, step 1 the rest.
+TEST(LinearBf16Tile, InstructionSemanticsAreTheReferences) {
+  struct Case {
+    const char* what;
+    std::vector<std::pair<int, float>> x, w;  // (k index, value); the rest are zero
+    float expected;
+  };
+  const float big = 0x1p24f;
+  const std::vector<Case> cases = {
+      // Even and odd products in separate sums: the even sum is 2^24, + 1 (rounds back to 2^24 by
+      // round-to-even), − 2^24 = 0, and the odd one 1 + 1 = 2: 2. One chain in k order loses all three ones
+      // against 2^24 and gives 0.
+      {"two sums per step",
+       {{0, big}, {1, 1}, {2, 1}, {3, 1}, {4, -big}},
+       {{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}},
+       2.0f},
+      // The step's even + odd meets the running sum as one value: step 0 leaves 1; step 1's even 2^-24 and
+      // odd 2^-25 make 1.5·2^-24, and 1 + 1.5·2^-24 rounds to 1 + 2^-23 (added one by one: 1, then 1).
+      {"step sum rounded once",
+       {{0, 1}, {32, 0x1p-24f}, {33, 0x1p-25f}},
+       {{0, 1}, {32, 1}, {33, 1}},
+       1.0f + 0x1p-23f},
+      // A bf16 denormal operand counts as zero.
+      {"denormal operand is zero", {{0, 0x1p-130f}}, {{0, 0x1p100f}}, 0.0f},
+      // 1.5·2^-126 − 2^-126 = 2^-127 in the even sum is denormal: flushed.
+      {"denormal sum is flushed", {{0, 1.5f * 0x1p-126f}, {2, -0x1p-126f}}, {{0, 1}, {2, 1}}, 0.0f},
+      // Products are exact: (1 + 2^-7)² = 1 + 2^-6 + 2^-14.
+      {"exact product", {{0, 1 + 0x1p-7f}}, {{0, 1 + 0x1p-7f}}, 1 + 0x1p-6f + 0x1p-14f},
+  };
+  const KernelTable* amx = amx_medium_table();
+  for (const Case& c : cases) {
+    std::vector<float> x(64, 0.0f);
+    std::vector<uint16_t> v(64, 0);
+    for (auto [p, value] : c.x) x[p] = value;
+    for (auto [p, value] : c.w) v[p] = bf16::from_float(value);
+    const Bf16Weight tw(v, 1, 64, 64);
+    EXPECT_EQ(run(reference::linear_bf16_medium_tile, tw.w, x, 1, 64, 0, 1)[0], c.expected)
+        << c.what << " (reference)";
+    if (amx) {
+      EXPECT_EQ(run(amx->linear[size_t(WeightFormat::bf16)], tw.w, x, 1, 64, 0, 1)[0], c.expected)
+          << c.what << " (AMX)";
+    }
+  }
+}
+
+// PyTorch's float64 product of the bf16-rounded operands; each output's path has (steps + 5) roundings of a
+// partial sum bounded by Σ|x̂ ŵ| (a step's longest sum is 16 additions, then the step total, then the running
+// sum): bound (16 + 1 + steps) · 2^-24 · Σ|x̂ ŵ|.
+TEST(LinearBf16Tile, ReferenceIsWithinF32ErrorOfPyTorch) {
+  const SafetensorsFile f =
+      SafetensorsFile::open(std::string(XMOE_TEST_DATA_DIR) + "/linear_bf16dot/case.safetensors");
+  const Tensor xt = f.tensor("x");
+  const int64_t m = xt.dim(0), k = xt.dim(1);
+  const auto wbytes = f.bytes("w");
+  const int64_t n = static_cast<int64_t>(wbytes.size()) / 2 / k;
+  std::vector<uint16_t> v(static_cast<size_t>(n * k));
+  std::memcpy(v.data(), wbytes.data(), wbytes.size());
+  const std::vector<float> x(xt.data<float>(), xt.data<float>() + m * k);
+  const Tensor y64 = f.tensor("y64"), mag = f.tensor("abs_sum");
+  const Bf16Weight tw(v, n, k, k);
+  const int64_t steps = (k + 31) / 32;
+  const double u = 0x1p-24 * (steps + 17) * 1.01;
+  std::vector<LinearFn> fns{reference::linear_bf16_medium_tile};
+  if (const KernelTable* amx = amx_medium_table()) fns.push_back(amx->linear[size_t(WeightFormat::bf16)]);
+  for (LinearFn fn : fns) {
+    const std::vector<float> y = run(fn, tw.w, x, m, k, 0, n);
+    double worst = 0;
+    for (int64_t e = 0; e < m * n; ++e) {
+      const double err = std::abs(y[e] - y64.data<double>()[e]), bound = u * mag.data<double>()[e];
+      ASSERT_LE(err, bound) << "output " << e;
+      worst = std::max(worst, err / bound);
+    }
+    std::printf("largest error / bound %.3g\n", worst);
+  }
+}
+
+TEST(LinearBf16Tile, RowsDoNotDependOnTheBatchOrThreads) {
+  const KernelTable* amx = amx_medium_table();
+  if (!amx) GTEST_SKIP() << "no AMX-BF16 (or no tile permission) on this CPU";
+  std::mt19937 rng(5);
+  const int64_t k = 300, n = 517, m = 200;
+  std::vector<uint16_t> v(static_cast<size_t>(n * k));
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (uint16_t& e : v) e = tricky_w(rng);
+  for (float& e : x) e = tricky_x(rng);
+  const Bf16Weight tw(v, n, k, k);
+  std::vector<float> all(static_cast<size_t>(m * n)), one(static_cast<size_t>(n)), few(16 * one.size());
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(3);
+  linear_forward(*amx, tw.w, x.data(), m, all.data());
+  linear_forward(*amx, tw.w, x.data() + 5 * k, 16, few.data());
+  omp_set_num_threads(1);
+  for (int64_t i = 0; i < m; ++i) {
+    linear_forward(*amx, tw.w, x.data() + i * k, 1, one.data());
+    ASSERT_TRUE(std::equal(one.begin(), one.end(), all.begin() + i * n, same_bits)) << "row " << i;
+    if (i >= 5 && i < 5 + 16) {
+      ASSERT_TRUE(std::equal(one.begin(), one.end(), few.begin() + (i - 5) * n, same_bits))
+          << "row " << i << " in a batch of 16";
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST(LinearBf16Tile, OnlyTheAmxLevelsMediumBf16LinearChanges) {
+  const CpuFeatures features = detect_cpu_features();
+  if (!isa_supported(features, Isa::amx)) GTEST_SKIP() << "no AMX-BF16 (or no tile permission) on this CPU";
+  const KernelTable& amx = kernel_table(Isa::amx, features, MatmulPrecision::medium);
+  const KernelTable& vdp = kernel_table(Isa::avx512_bf16, features, MatmulPrecision::medium);
+  EXPECT_EQ(amx.isa, Isa::amx);
+  EXPECT_EQ(amx.precision, MatmulPrecision::medium);
+  EXPECT_EQ(amx.linear[size_t(WeightFormat::bf16)], amx::linear_bf16_medium);
+  for (int f = 0; f < kWeightFormatCount; ++f) {
+    if (f != int(WeightFormat::bf16)) {
+      EXPECT_EQ(amx.linear[f], vdp.linear[f]) << f;
+    }
+  }
+  EXPECT_EQ(amx.gemm_bf16, vdp.gemm_bf16);
+  // Highest precision has no AMX kernels: the level runs the AVX512-BF16 level's.
+  const KernelTable& highest = kernel_table(Isa::amx, features, MatmulPrecision::highest);
+  const KernelTable& below = kernel_table(Isa::avx512_bf16, features);
+  EXPECT_EQ(highest.isa, Isa::amx);
+  EXPECT_EQ(highest.precision, MatmulPrecision::highest);
+  for (int f = 0; f < kWeightFormatCount; ++f) EXPECT_EQ(highest.linear[f], below.linear[f]) << f;
+  EXPECT_EQ(highest.gemm_bf16, below.gemm_bf16);
+  EXPECT_EQ(highest.gemm_f32, below.gemm_f32);
+  EXPECT_EQ(highest.attention_tile, below.attention_tile);
+}
+
+}  // namespace
+}  // namespace xmoe::kernels
