@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cpu/amx_tiles.hpp"
 #include "util/clock.hpp"
+#include "xmoe/dtype.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::kernels {
@@ -69,6 +71,31 @@ __attribute__((target("avx512f,avx512bf16"))) float chains_dpbf16(int64_t iters,
   return _mm512_cvtss_f32(s);
 }
 
+// TDPBF16PS on tiles that never leave the registers: 4 accumulators over 2 × 2 source tiles, each
+// instruction 16 × 16 outputs × 32 bf16 products (16384 flops). The instructions are inline assembly
+// (amx_tiles.hpp), so no target attribute is needed.
+float chains_tdpbf16(int64_t iters, float a, float b) {
+  alignas(64) uint16_t source[512];
+  const uint16_t bits[2] = {bf16::from_float(a), bf16::from_float(b)};
+  for (int i = 0; i < 512; ++i) source[i] = bits[i % 2];
+  alignas(64) float result[256];
+  const amx::TileConfig config = amx::full_tiles();
+  amx::load_config(config);
+  amx::zero<0>(), amx::zero<1>(), amx::zero<2>(), amx::zero<3>();
+  amx::load<4>(source, 64), amx::load<5>(source, 64), amx::load<6>(source, 64), amx::load<7>(source, 64);
+  for (int64_t r = 0; r < iters; ++r) {
+    amx::dpbf16<0, 4, 6>();
+    amx::dpbf16<1, 4, 7>();
+    amx::dpbf16<2, 5, 6>();
+    amx::dpbf16<3, 5, 7>();
+  }
+  float s = 0;
+  amx::store<0>(result, 64), s += result[0];
+  amx::store<3>(result, 64), s += result[255];
+  amx::release();
+  return s;
+}
+
 // Seconds on `clock`: wall, the calling thread's CPU time, or the process's CPU time per thread.
 double now(PeakClock clock, int threads) {
   switch (clock) {
@@ -116,6 +143,16 @@ double register_bf16_dot_peak_gflops(const CpuFeatures& features, int threads, d
   XMOE_CHECK(clock != PeakClock::thread_cpu || threads == 1,
              "bf16 dot peak: the thread CPU clock needs 1 thread, got ", threads);
   return chains_rate(chains_dpbf16, 4.0 * kChains * 16, 16, threads, seconds, clock);
+}
+
+double register_amx_bf16_peak_gflops(const CpuFeatures& features, int threads, double seconds,
+                                     PeakClock clock) {
+  XMOE_CHECK(features.has_amx_bf16(), "amx peak: this CPU/OS has no AMX-BF16 (or no tile permission)");
+  XMOE_CHECK(threads >= 1, "amx peak: threads must be at least 1, got ", threads);
+  XMOE_CHECK(clock != PeakClock::thread_cpu || threads == 1,
+             "amx peak: the thread CPU clock needs 1 thread, got ", threads);
+  // Sized as 256 f32 lanes' worth (~1.5 TFLOP/s a thread guessed).
+  return chains_rate(chains_tdpbf16, 4.0 * 16384, 256, threads, seconds, clock);
 }
 
 double register_fma_peak_gflops(Isa isa, const CpuFeatures& features, int threads, double seconds,

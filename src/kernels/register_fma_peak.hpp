@@ -28,4 +28,10 @@ double register_fma_peak_gflops(Isa isa, const CpuFeatures& features, int thread
 double register_bf16_dot_peak_gflops(const CpuFeatures& features, int threads, double seconds = 0.2,
                                      PeakClock clock = PeakClock::wall);
 
+// The same for AMX TDPBF16PS on tiles that stay in the tile registers (16 × 16 outputs × 32 products an
+// instruction), the ceiling of the AMX level's BF16 linears: about 15 times the f32 FMA peak on Sapphire
+// Rapids. Throws xmoe::Error without AMX-BF16 and the OS's tile permission, or with threads < 1.
+double register_amx_bf16_peak_gflops(const CpuFeatures& features, int threads, double seconds = 0.2,
+                                     PeakClock clock = PeakClock::wall);
+
 }  // namespace xmoe::kernels

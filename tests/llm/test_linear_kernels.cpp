@@ -190,10 +190,15 @@ TEST(RegisterFmaPeak, EveryLevelRunsAndBadArgumentsThrow) {
   if (features.has_avx512_bf16()) {
     EXPECT_GT(register_bf16_dot_peak_gflops(features, 1, 0.01), 0.0);
   }
+  if (features.has_amx_bf16()) {
+    EXPECT_GT(register_amx_bf16_peak_gflops(features, 2, 0.01), 0.0);
+    EXPECT_THROW(register_amx_bf16_peak_gflops(features, 0), Error);
+  }
   EXPECT_THROW(register_fma_peak_gflops(Isa::reference, features, 0), Error);
   CpuFeatures none;
   EXPECT_THROW(register_fma_peak_gflops(Isa::avx2, none, 1), Error);
   EXPECT_THROW(register_bf16_dot_peak_gflops(none, 1), Error);
+  EXPECT_THROW(register_amx_bf16_peak_gflops(none, 1), Error);
 }
 
 }  // namespace
