@@ -250,12 +250,8 @@ namespace {
 // transformers computes in f32 over the bf16 weights; medium rounds every linear's input to bf16 (8
 // significant bits), a few bf16 roundings per layer: 3e-2 of the row's largest logit, as the bf16 path's
 // test allows. The model loads with dtype bf16 (weights read in place; f32 would widen them at load and leave
-// no BF16 linear to run at medium). The best level that has bf16 products runs it (the reference emulation
-// where the CPU has none).
-TEST(LinearBf16Dot, TinyModelAtMediumMatchesTransformers) {
-  const kernels::CpuFeatures features = kernels::detect_cpu_features();
-  const std::string isa =
-      kernels::isa_supported(features, kernels::Isa::avx512_bf16) ? "avx512_bf16" : "reference";
+// no BF16 linear to run at medium).
+void tiny_model_at_medium_matches_transformers(const std::string& isa) {
   Loaded medium{Checkpoint::open(kModels + "/tied-sparse-bf16"), nullptr};
   LoadOptions o;
   o.dtype = DType::bf16;
@@ -282,6 +278,19 @@ TEST(LinearBf16Dot, TinyModelAtMediumMatchesTransformers) {
   EXPECT_GT(apart, 1e-4) << isa << ": medium really rounded the activations";
   std::printf("%s: medium vs transformers f32 %.3g, medium vs highest %.3g (max |diff| / max |ref|)\n",
               isa.c_str(), worst, apart);
+}
+
+// Each level with bf16 products runs it: AVX512-BF16 (VDPBF16PS) and AMX (TDPBF16PS, linear_bf16tile.hpp);
+// the reference emulation where the CPU has neither.
+TEST(LinearBf16Dot, TinyModelAtMediumMatchesTransformers) {
+  const kernels::CpuFeatures features = kernels::detect_cpu_features();
+  bool any = false;
+  for (kernels::Isa isa : {kernels::Isa::avx512_bf16, kernels::Isa::amx}) {
+    if (!kernels::isa_supported(features, isa)) continue;
+    tiny_model_at_medium_matches_transformers(kernels::isa_name(isa));
+    any = true;
+  }
+  if (!any) tiny_model_at_medium_matches_transformers("reference");
 }
 
 // `xmoe generate --matmul-precision`: the run's header says which precision ran; a level without bf16
