@@ -537,8 +537,9 @@ struct Fp4PanelPacker {
 // Up to kSliceRowsFp4 / kSliceRowsFp8 x rows (batched decode), the decode path above takes every call: the
 // weight rows in slices of about kSliceBytes (a quarter of a Zen 4 core's L2), each slice run by every group
 // of up to kGroupRows x rows in turn: the first group streams the slice from memory, the others read it from
-// L2, and each decodes it again in registers. Groups are of nearly equal size (5 rows: 2 + 3); decode(part)
-// runs a group's x rows over a slice's weight rows. From 4 rows this replaced the dequantised
+// L2, and each decodes it again in registers. Groups are of nearly equal size (5 rows: 2 + 3, except in FP8's
+// integer decode, whose groups take up to kFp8GroupRows); decode(part) runs a group's x rows over a slice's
+// weight rows. From 4 rows this replaced the dequantised
 // f32 panels: one thread, `xmoe linear-bench --threads 1 --clock thread --stream-mb 1 --prefill-rows M` at
 // Qwen3-30B-A3B's shapes (GFLOP/s, panel → slices, Zen 4): MXFP4 60 → 94-103 at 4 rows, 78 → 94-103 at 8,
 // 83-93 → 95-104 at 12-16; NVFP4 49-51 → 96-101, 69 → 101-104, 78-84 → 101-103; FP8, whose decode costs more
@@ -570,7 +571,8 @@ void linear(const LinearArgs& a, WeightFormat format) {
   if (a.m == 0 || a.n0 == a.n1) return;
   const Rows w(*a.w);
   if (a.m <= (std::is_same_v<Rows, Fp4Rows> ? kSliceRowsFp4 : kSliceRowsFp8)) {
-    // The decode path for 1 to 4 rows (part.m), with what it needs decided once per call.
+    // The decode path for groups of 1 to 4 rows (part.m; up to 5 in FP8's integer decode), with what it
+    // needs decided once per call.
     if constexpr (std::is_same_v<Rows, Fp4Rows>) {
       const Fp4Decoder dec(w.scales);
       const int64_t bytes_per_row = w.row_bytes + a.w->scale_row_stride;
