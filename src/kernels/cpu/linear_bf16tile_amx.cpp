@@ -18,15 +18,14 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <utility>
 
 #include "kernels/cpu/amx_tiles.hpp"
 #include "kernels/cpu/bf16dot_lanes_avx512_bf16.hpp"
 #include "kernels/cpu/linear_bf16tile.hpp"
 #include "kernels/cpu/variants.hpp"
+#include "util/buffer.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::kernels::amx {
@@ -35,17 +34,6 @@ namespace {
 constexpr int64_t kTile = 16;        // outputs or x rows per tile side
 constexpr int64_t kTileWords = 256;  // one 16 × 64-byte tile in 32-bit words
 constexpr int64_t kBlockTiles = 8;   // x tiles per pass over the weights (128 rows; 512 KiB at k = 2048)
-
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-template <class T>
-std::unique_ptr<T[], FreeDeleter> aligned_buffer(int64_t count) {
-  const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + 63) / 64 * 64;
-  auto* p = static_cast<T*>(std::aligned_alloc(64, bytes));
-  XMOE_CHECK(p != nullptr, "linear: out of memory for a ", bytes, "-byte AMX buffer");
-  return std::unique_ptr<T[], FreeDeleter>(p);
-}
 
 template <int N, class F>
 inline void static_for(F&& f) {
@@ -117,7 +105,7 @@ struct Call {
   float* acc;       // 4 accumulator tiles
   // Up to 2 zero-padded tiles of [16][steps · 32] bf16, allocated on first use: only a column range's last
   // tile and a k that is not a multiple of 32 need them.
-  mutable std::unique_ptr<uint16_t[], FreeDeleter> pad;
+  mutable Buffer<uint16_t> pad;
 
   // Tile i of a group: rows [r0, r0 + 16) ∩ [.., n1) of W, in place or through a zero-padded copy.
   void tile_source(int i, int64_t r0, int64_t n1, const std::byte** wt, int64_t* ws) const {
@@ -128,8 +116,7 @@ struct Call {
       return;
     }
     const int64_t ld = steps * kBf16TileStep;
-    if (!pad) pad = aligned_buffer<uint16_t>(2 * kTile * ld);
-    uint16_t* dst = pad.get() + i * kTile * ld;
+    uint16_t* dst = pad.ensure(static_cast<size_t>(2 * kTile * ld)) + i * kTile * ld;
     std::memset(dst, 0, static_cast<size_t>(kTile * ld) * 2);
     for (int64_t r = 0; r < rows; ++r)
       std::memcpy(dst + r * ld, w.data + (r0 + r) * w.row_bytes, static_cast<size_t>(k) * 2);
@@ -157,9 +144,10 @@ void linear_bf16_medium(const LinearArgs& a) {
   const PackedWeight& w = *a.w;
   const int64_t k = w.cols, steps = (k + kBf16TileStep - 1) / kBf16TileStep;
   const int64_t tiles = (a.m + kTile - 1) / kTile, block_tiles = std::min(tiles, kBlockTiles);
-  auto xp = aligned_buffer<uint32_t>(block_tiles * steps * kTileWords);
+  Buffer<uint32_t> xp;
+  xp.ensure(static_cast<size_t>(block_tiles * steps * kTileWords));
   alignas(64) float acc[4 * kTileWords];
-  const Call call{w, k, steps, k % kBf16TileStep == 0, acc, nullptr};
+  const Call call{w, k, steps, k % kBf16TileStep == 0, acc, {}};
   const TileConfig config = full_tiles();
   load_config(config);
   for (int64_t t0 = 0; t0 < tiles; t0 += kBlockTiles) {
@@ -167,15 +155,15 @@ void linear_bf16_medium(const LinearArgs& a) {
     const int64_t rows = std::min(a.m - row0, bt * kTile);
     for (int64_t t = 0; t < bt; ++t)
       pack_x_tile(a.x + (row0 + t * kTile) * a.ldx, a.ldx, std::min(kTile, rows - t * kTile), k, steps,
-                  xp.get() + t * steps * kTileWords);
+                  xp.data() + t * steps * kTileWords);
     float* y = a.y + row0 * a.ldy;
     if (bt == 1) {
-      for (int64_t j = a.n0; j < a.n1; j += kTile) call.group<1, 1>(j, a.n1, xp.get(), rows, y, a.ldy);
+      for (int64_t j = a.n0; j < a.n1; j += kTile) call.group<1, 1>(j, a.n1, xp.data(), rows, y, a.ldy);
       continue;
     }
     for (int64_t j = a.n0; j < a.n1; j += 2 * kTile) {
       for (int64_t t = 0; t < bt; t += 2) {
-        const uint32_t* xt = xp.get() + t * steps * kTileWords;
+        const uint32_t* xt = xp.data() + t * steps * kTileWords;
         const int64_t r = rows - t * kTile;
         float* yt = y + t * kTile * a.ldy;
         const bool two_x = t + 1 < bt, two_w = j + kTile < a.n1;
