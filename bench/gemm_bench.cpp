@@ -3,11 +3,12 @@
 // (c) the peers built in, in the same run on the same buffers: oneDNN's matmul (f32 and bf16) and OpenBLAS's
 // cblas_sgemm (f32), each on the same number of threads. Contenders run interleaved, one call each per round,
 // so load drift on a shared machine reaches them alike; prints medians and the median per-round ratio to the
-// fastest peer. Each variant's share is of its own ceiling: VDPBF16PS's for avx512_bf16 (and oneDNN's bf16),
-// the f32 FMA's for the rest (avx2/avx512 widen bf16 to f32 while packing).
+// fastest peer. Each variant's share is of its own ceiling: TDPBF16PS's for amx (and oneDNN's bf16 where AMX
+// is allowed), VDPBF16PS's for avx512_bf16 (and oneDNN's bf16 below AMX), the f32 FMA's for the rest
+// (avx2/avx512 widen bf16 to f32 while packing).
 //
 //   gemm_bench [--threads 1,2] [--reps 5] [--shapes 8192x2048x2048:NN,...] [--dtypes f32,bf16]
-//              [--clock wall|thread|process] [--variants ...] [--isa avx2|avx512|avx512_bf16]
+//              [--clock wall|thread|process] [--variants ...] [--isa avx2|avx512|avx512_bf16|amx]
 //              (--help lists the defaults)
 //
 // Built by CMake when libdnnl-dev or libopenblas-dev is installed (target gemm_bench).
@@ -174,11 +175,13 @@ template <class In>
 struct Variant {
   std::string name;
   void (*fn)(const GemmArgs<In, float>&);
-  bool dot_bf16;  // runs VDPBF16PS, whose ceiling is the bf16 dot peak (else the f32 FMA peak)
+  bool dot_bf16;       // runs VDPBF16PS, whose ceiling is the bf16 dot peak (else the f32 FMA peak)
+  bool tiles = false;  // runs AMX TDPBF16PS, whose ceiling is the register-only AMX peak
 };
 
 struct Ceilings {
   double f32_fma, bf16_dot, probe;
+  double amx = 0;  // the register-only TDPBF16PS peak where the contenders may run AMX
 };
 
 // Times every variant and peer at one shape, interleaved, and prints each one's median GFLOP/s, its share of
@@ -201,10 +204,11 @@ void bench_shape(const BenchShape& s, const std::vector<Variant<In>>& variants, 
   for (const Variant<In>& v : variants) {
     if (!wanted(only, v.name)) continue;
     cs.push_back({v.name, [fn = v.fn, &g] { fn(g); }, false});
-    peaks.push_back(v.dot_bf16 ? ceil.bf16_dot : ceil.f32_fma);
+    peaks.push_back(v.tiles ? ceil.amx : v.dot_bf16 ? ceil.bf16_dot : ceil.f32_fma);
   }
-  // oneDNN's bf16 matmul runs VDPBF16PS where the CPU has it.
-  const double peer_peak = std::is_same_v<In, bf16> ? ceil.bf16_dot : ceil.f32_fma;
+  // oneDNN's bf16 matmul runs AMX or VDPBF16PS where the CPU has it.
+  const double peer_peak =
+      std::is_same_v<In, bf16> ? (ceil.amx > 0 ? ceil.amx : ceil.bf16_dot) : ceil.f32_fma;
 #ifdef XMOE_HAVE_DNNL
   if (wanted(only, "onednn")) {
     // oneDNN has no matmul for some type and ISA-cap pairs (bf16 under --isa avx2): it sits out that shape
@@ -248,8 +252,9 @@ void bench_shape(const BenchShape& s, const std::vector<Variant<In>>& variants, 
 
 constexpr const char* kUsage =
     "usage: gemm_bench [--threads 1,2] [--reps 5] [--shapes MxNxK[:TT],...] [--dtypes f32,bf16]\n"
-    "                  [--clock wall|thread|process] [--variants avx2,avx512,avx512_bf16,onednn,openblas]\n"
-    "                  [--isa avx2|avx512|avx512_bf16]\n"
+    "                  [--clock wall|thread|process] [--variants "
+    "avx2,avx512,avx512_bf16,amx,onednn,openblas]\n"
+    "                  [--isa avx2|avx512|avx512_bf16|amx]\n"
     "  isa: the highest level for our kernels and the peers alike (oneDNN's max CPU ISA, OpenBLAS's core\n"
     "  type: the program re-runs itself with OPENBLAS_CORETYPE set, which OpenBLAS reads when it loads)\n"
     "  clock thread: time the calling thread's CPU time (kernels and peaks; needs --threads 1), which\n"
@@ -353,6 +358,10 @@ int main(int argc, char** argv) {
     bf16_variants.push_back({"avx512_bf16", avx512_bf16::gemm_bf16, true});
     best.gemm_bf16 = avx512_bf16::gemm_bf16;
   }
+  if (f.has_amx_bf16() && cap >= Isa::amx) {
+    bf16_variants.push_back({"amx", amx::gemm_bf16, false, true});
+    best.gemm_bf16 = amx::gemm_bf16;
+  }
 
   if (clock == PeakClock::thread_cpu && (threads.size() != 1 || threads[0] != 1)) {
     std::fprintf(stderr, "--clock thread needs --threads 1\n");
@@ -375,8 +384,9 @@ int main(int argc, char** argv) {
       ceil.f32_fma = register_fma_peak_gflops(cap >= Isa::avx512 ? Isa::avx512 : Isa::avx2, f, t, 0.2, clock);
       ceil.bf16_dot =
           cap >= Isa::avx512_bf16 ? register_bf16_dot_peak_gflops(f, t, 0.2, clock) : ceil.f32_fma;
-      std::printf("%s  threads=%d  FMA peak: f32 %.1f, VDPBF16PS %.1f GFLOP/s\n", s.str().c_str(), t,
-                  ceil.f32_fma, ceil.bf16_dot);
+      if (cap >= Isa::amx) ceil.amx = register_amx_bf16_peak_gflops(f, t, 0.2, clock);
+      std::printf("%s  threads=%d  FMA peak: f32 %.1f, VDPBF16PS %.1f, TDPBF16PS (AMX) %.1f GFLOP/s\n",
+                  s.str().c_str(), t, ceil.f32_fma, ceil.bf16_dot, ceil.amx);
       for (const std::string& d : dtypes) {
         if (d == "f32")
           ceil.probe = f32_probe, bench_shape<float>(s, f32_variants, ceil, reps, clock, t, only);

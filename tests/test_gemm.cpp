@@ -37,6 +37,7 @@ const Variant kVariants[] = {
     {"avx2", Isa::avx2, avx2::gemm_f32, avx2::gemm_bf16, true},
     {"avx512", Isa::avx512, avx512::gemm_f32, avx512::gemm_bf16, true},
     {"avx512_bf16", Isa::avx512_bf16, nullptr, avx512_bf16::gemm_bf16, false},
+    {"amx", Isa::amx, nullptr, amx::gemm_bf16, false},
 };
 
 // Restores the OpenMP thread count a test changed.

@@ -221,7 +221,46 @@ TEST(LinearBf16Tile, RowsDoNotDependOnTheBatchOrThreads) {
   omp_set_num_threads(saved);
 }
 
-TEST(LinearBf16Tile, OnlyTheAmxLevelsMediumBf16LinearChanges) {
+// The AMX GEMM (kernels/cpu/gemm_amx.cpp) takes the same arithmetic per C element: with C overwritten, each
+// element is bf16tile_row of op(A)'s row and op(B)'s column, for every transpose and shapes with m, n and k
+// tails and several k blocks (k = 1100 crosses two).
+TEST(LinearBf16Tile, GemmMatchesTheArithmeticBitForBit) {
+  if (!isa_supported(detect_cpu_features(), Isa::amx)) GTEST_SKIP() << "no AMX-BF16 (or no tile permission)";
+  std::mt19937 rng(3);
+  struct Shape {
+    int64_t m, n, k;
+  };
+  for (const Shape sh : {Shape{1, 1, 1}, Shape{17, 33, 65}, Shape{40, 70, 1100}, Shape{70, 20, 31}}) {
+    for (int trans = 0; trans < 4; ++trans) {
+      const bool ta = trans & 1, tb = trans & 2;
+      std::vector<uint16_t> a(static_cast<size_t>(sh.m * sh.k)), b(static_cast<size_t>(sh.k * sh.n));
+      for (uint16_t& e : a) e = bf16::from_float(tricky_x(rng));
+      for (uint16_t& e : b) e = tricky_w(rng);
+      std::vector<float> c(static_cast<size_t>(sh.m * sh.n), std::nanf(""));
+      GemmArgs<bf16, float> g;
+      g.m = sh.m, g.n = sh.n, g.k = sh.k;
+      g.a = reinterpret_cast<const bf16*>(a.data()), g.lda = ta ? sh.m : sh.k, g.trans_a = ta;
+      g.b = reinterpret_cast<const bf16*>(b.data()), g.ldb = tb ? sh.k : sh.n, g.trans_b = tb;
+      g.c = c.data(), g.ldc = sh.n;
+      amx::gemm_bf16(g);
+      const int64_t steps = (sh.k + 31) / 32;
+      std::vector<uint16_t> row(static_cast<size_t>(steps * 32)), col(row.size());
+      for (int64_t i = 0; i < sh.m; ++i)
+        for (int64_t j = 0; j < sh.n; ++j) {
+          for (int64_t p = 0; p < sh.k; ++p) {
+            row[p] = ta ? a[p * sh.m + i] : a[i * sh.k + p];
+            col[p] = tb ? b[j * sh.k + p] : b[p * sh.n + j];
+          }
+          const float want = reference::bf16tile_row(row.data(), col.data(), steps);
+          ASSERT_TRUE(same_bits(c[i * sh.n + j], want))
+              << "m=" << sh.m << " n=" << sh.n << " k=" << sh.k << " trans=" << trans << " C[" << i << ","
+              << j << "]";
+        }
+    }
+  }
+}
+
+TEST(LinearBf16Tile, AmxTablesHoldTheTileKernelsOnly) {
   const CpuFeatures features = detect_cpu_features();
   if (!isa_supported(features, Isa::amx)) GTEST_SKIP() << "no AMX-BF16 (or no tile permission) on this CPU";
   const KernelTable& amx = kernel_table(Isa::amx, features, MatmulPrecision::medium);
@@ -234,14 +273,15 @@ TEST(LinearBf16Tile, OnlyTheAmxLevelsMediumBf16LinearChanges) {
       EXPECT_EQ(amx.linear[f], vdp.linear[f]) << f;
     }
   }
-  EXPECT_EQ(amx.gemm_bf16, vdp.gemm_bf16);
-  // Highest precision has no AMX kernels: the level runs the AVX512-BF16 level's.
+  EXPECT_EQ(amx.gemm_bf16, amx::gemm_bf16);
+  EXPECT_EQ(amx.gemm_f32, vdp.gemm_f32);
+  // Highest precision: the AVX512-BF16 level's linears (f32 arithmetic), AMX's bf16 GEMM.
   const KernelTable& highest = kernel_table(Isa::amx, features, MatmulPrecision::highest);
   const KernelTable& below = kernel_table(Isa::avx512_bf16, features);
   EXPECT_EQ(highest.isa, Isa::amx);
   EXPECT_EQ(highest.precision, MatmulPrecision::highest);
   for (int f = 0; f < kWeightFormatCount; ++f) EXPECT_EQ(highest.linear[f], below.linear[f]) << f;
-  EXPECT_EQ(highest.gemm_bf16, below.gemm_bf16);
+  EXPECT_EQ(highest.gemm_bf16, amx::gemm_bf16);
   EXPECT_EQ(highest.gemm_f32, below.gemm_f32);
   EXPECT_EQ(highest.attention_tile, below.attention_tile);
 }

@@ -73,11 +73,12 @@ KernelTable make_avx512_bf16() {
   return t;
 }
 
-// AMX adds kernels only at the medium precision (the BF16 linear, kernel_table below); at highest its level
-// runs the AVX512-BF16 level's.
+// AMX: the bf16 GEMM on tiles; every other kernel is the AVX512-BF16 level's, plus (kernel_table below) the
+// medium precision's BF16 linear.
 KernelTable make_amx() {
   KernelTable t = make_avx512_bf16();
   t.isa = Isa::amx;
+  t.gemm_bf16 = amx::gemm_bf16;
   return t;
 }
 

@@ -57,6 +57,7 @@ void gemm_bf16(const GemmArgs<bf16, float>& args);  // VDPBF16PS microkernel
 void linear_bf16_medium(const LinearArgs& args);    // the `medium` precision's BF16 linear (VDPBF16PS)
 }  // namespace avx512_bf16
 namespace amx {
-void linear_bf16_medium(const LinearArgs& args);  // the AMX level's `medium` BF16 linear (TDPBF16PS)
+void gemm_bf16(const GemmArgs<bf16, float>& args);  // TDPBF16PS tiles (linear_bf16tile.hpp's arithmetic)
+void linear_bf16_medium(const LinearArgs& args);    // the AMX level's `medium` BF16 linear (TDPBF16PS)
 }  // namespace amx
 }  // namespace xmoe::kernels
