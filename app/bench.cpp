@@ -191,12 +191,15 @@ int run_bench(const BenchOptions& o) {
   double dt_max_ = 0;
   std::vector<double> comm_t, step_t, gate_t, route_t, enc_t, exp_t, dec_t, bwd_t, bwd_exp_t, exp_rate,
       bwd_exp_rate, fma_peak, exp_share, bwd_exp_share, step_share;
-  // The register-only ceiling: f32 FMA chains, or VDPBF16PS chains for bf16 at AVX512-BF16 (twice the rate).
+  // The register-only ceiling: f32 FMA chains, or for bf16 VDPBF16PS chains at AVX512-BF16 or AMX tiles at
+  // the AMX level.
   const kernels::KernelTable& table =
       kernels::kernel_table(kernels::parse_isa(layer.kernel_isa()), kernels::detect_cpu_features());
   const kernels::CpuFeatures features = kernels::detect_cpu_features();
   const bool dot_bf16 = cfg.dtype == DType::bf16 && table.isa >= kernels::Isa::avx512_bf16;
+  const bool tiles_bf16 = cfg.dtype == DType::bf16 && table.isa == kernels::Isa::amx;
   auto measure_peak = [&] {
+    if (tiles_bf16) return kernels::register_amx_bf16_peak_gflops(features, omp_get_max_threads());
     return dot_bf16 ? kernels::register_bf16_dot_peak_gflops(features, omp_get_max_threads())
                     : kernels::register_fma_peak_gflops(table.isa, features, omp_get_max_threads());
   };
@@ -269,10 +272,18 @@ int run_bench(const BenchOptions& o) {
   say(root,
       "[FMA peak] register-only %s %.1f GFLOP/s (%s, %d threads, median of one after each step): experts "
       "forward %.1f%%",
-      dot_bf16 ? "VDPBF16PS" : "f32 FMA", median(fma_peak), kernels::isa_name(table.isa),
-      omp_get_max_threads(), 100.0 * median(exp_share));
+      tiles_bf16 ? "TDPBF16PS (AMX)" : dot_bf16 ? "VDPBF16PS" : "f32 FMA", median(fma_peak),
+      kernels::isa_name(table.isa), omp_get_max_threads(), 100.0 * median(exp_share));
   if (!o.eval) say(root, ", backward %.1f%%", 100.0 * median(bwd_exp_share));
   say(root, "; whole step %.1f GFLOP/s = %.1f%%\n", flops_per_step / med / 1e9, 100.0 * median(step_share));
+  if (dot_bf16) {
+    // bf16 products can outrun f32 FMAs: the same rates as multiples of the f32 FMA peak.
+    const double f32_peak = kernels::register_fma_peak_gflops(table.isa, features, omp_get_max_threads());
+    say(root, "[f32 FMA peak] register-only %.1f GFLOP/s: experts forward %.2fx", f32_peak,
+        median(exp_rate) / f32_peak);
+    if (!o.eval) say(root, ", backward %.2fx", median(bwd_exp_rate) / f32_peak);
+    say(root, "; whole step %.2fx\n", flops_per_step / med / 1e9 / f32_peak);
+  }
 
   if (o.measure_switching) {
     // Time the same configuration A when every call follows a switch (B, A, B, A, ...) and when it does not.
