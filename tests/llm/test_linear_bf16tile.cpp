@@ -17,6 +17,7 @@
 #include <random>
 #include <vector>
 
+#include "bf16_linear_cases.hpp"
 #include "kernels/cpu/linear_bf16tile.hpp"
 #include "kernels/cpu/variants.hpp"
 #include "kernels/cpu_features.hpp"
@@ -28,65 +29,12 @@
 namespace xmoe::kernels {
 namespace {
 
-// A [n, k] bf16 weight (bits given) with rows `stride` elements apart; gaps hold NaN bits.
-struct Bf16Weight {
-  std::vector<uint16_t> bits;
-  PackedWeight w;
-  Bf16Weight(const std::vector<uint16_t>& v, int64_t n, int64_t k, int64_t stride)
-      : bits(static_cast<size_t>(n * stride), 0x7fc1) {
-    for (int64_t r = 0; r < n; ++r) std::copy_n(v.begin() + r * k, k, bits.begin() + r * stride);
-    w.format = WeightFormat::bf16;
-    w.rows = n;
-    w.cols = k;
-    w.data = reinterpret_cast<const std::byte*>(bits.data());
-    w.row_bytes = stride * 2;
-  }
-};
-
-// Values over a wide exponent range (sums cancel and round), f32 denormals (bf16 denormals after rounding),
-// signed zeros and rounding ties.
-float tricky_x(std::mt19937& rng) {
-  std::uniform_int_distribution<int> kind(0, 19), ex(-30, 30);
-  std::normal_distribution<float> nd;
-  switch (kind(rng)) {
-    case 0:
-      return 1e-39f * (nd(rng) > 0 ? 1 : -1);
-    case 1:
-      return -0.0f;
-    case 2:
-      return 1.0f + 0x1p-8f;
-    default:
-      return std::ldexp(nd(rng), ex(rng));
-  }
-}
-uint16_t tricky_w(std::mt19937& rng) {
-  std::uniform_int_distribution<int> kind(0, 19), ex(-30, 30), mant(1, 127);
-  std::normal_distribution<float> nd;
-  switch (kind(rng)) {
-    case 0:
-      return static_cast<uint16_t>(mant(rng));  // bf16 denormal
-    case 1:
-      return 0x8000;
-    default:
-      return bf16::from_float(std::ldexp(nd(rng), ex(rng)));
-  }
-}
-
-bool same_bits(float a, float b) {
-  return std::memcmp(&a, &b, 4) == 0;
-}
+using namespace test;
 
 const KernelTable* amx_medium_table() {
   const CpuFeatures features = detect_cpu_features();
   if (!isa_supported(features, Isa::amx)) return nullptr;
   return &kernel_table(Isa::amx, features, MatmulPrecision::medium);
-}
-
-std::vector<float> run(LinearFn fn, const PackedWeight& w, const std::vector<float>& x, int64_t m,
-                       int64_t ldx, int64_t n0, int64_t n1) {
-  std::vector<float> y(static_cast<size_t>(m * w.rows), -7.0f);
-  fn({x.data(), m, ldx, &w, n0, n1, y.data(), w.rows});
-  return y;
 }
 
 TEST(LinearBf16Tile, KernelMatchesReferenceBitForBit) {

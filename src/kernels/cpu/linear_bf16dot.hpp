@@ -11,6 +11,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
+
+#include "kernels/packed_weight.hpp"
+#include "xmoe/dtype.hpp"
 
 namespace xmoe::kernels {
 
@@ -37,6 +41,23 @@ inline float dpbf16_lane(float acc, uint16_t a0, uint16_t a1, uint16_t b0, uint1
 }
 
 namespace reference {
+// Every output of `a` as row(x̂, ŵ, steps), the operands as bf16 bits (x rounded to nearest even) and zeros
+// past k, `steps` steps of 32: the scalar references' loop over outputs, for any of the bf16-product
+// arithmetics.
+template <class Row>
+void linear_bf16_rows(const LinearArgs& a, const Row& row) {
+  const PackedWeight& w = *a.w;
+  const int64_t k = w.cols, steps = (k + 31) / 32;
+  std::vector<uint16_t> xb(static_cast<size_t>(steps * 32)), wb(xb.size());
+  for (int64_t j = a.n0; j < a.n1; ++j) {
+    std::memcpy(wb.data(), w.data + j * w.row_bytes, static_cast<size_t>(k) * 2);
+    for (int64_t i = 0; i < a.m; ++i) {
+      for (int64_t p = 0; p < k; ++p) xb[p] = bf16::from_float(a.x[i * a.ldx + p]);
+      a.y[i * a.ldy + j] = row(xb.data(), wb.data(), steps);
+    }
+  }
+}
+
 // One output of the arithmetic above: x and w rows as bf16 bits, `steps` · 32 of each (zeros past k).
 // Defined in the reference file, so no vector-ISA copy of it exists.
 float bf16dot_row(const uint16_t* xb, const uint16_t* wb, int64_t steps);
