@@ -2,6 +2,9 @@
 // weight view with NaN-filled gaps, activations and weights that exercise denormals, signed zeros and
 // rounding ties, and a runner that fills y with a sentinel first.
 #pragma once
+#include <gtest/gtest.h>
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,6 +12,7 @@
 #include <vector>
 
 #include "kernels/kernels.hpp"
+#include "kernels/linear.hpp"
 #include "xmoe/dtype.hpp"
 
 namespace xmoe::kernels::test {
@@ -76,6 +80,33 @@ inline std::vector<float> run(const KernelTable& t, const PackedWeight& w, const
 
 inline bool same_bits(float a, float b) {
   return std::memcmp(&a, &b, 4) == 0;
+}
+
+// A row's outputs through `table`'s linear_forward are the same bits alone (1 thread), inside 200 rows (3
+// threads) and inside a batch of 16.
+inline void expect_rows_independent_of_batch_and_threads(const KernelTable& table) {
+  std::mt19937 rng(5);
+  const int64_t k = 300, n = 517, m = 200;
+  std::vector<uint16_t> v(static_cast<size_t>(n * k));
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (uint16_t& e : v) e = tricky_w(rng);
+  for (float& e : x) e = tricky_x(rng);
+  const Bf16Weight tw(v, n, k, k);
+  std::vector<float> all(static_cast<size_t>(m * n)), one(static_cast<size_t>(n)), few(16 * one.size());
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(3);
+  linear_forward(table, tw.w, x.data(), m, all.data());
+  linear_forward(table, tw.w, x.data() + 5 * k, 16, few.data());
+  omp_set_num_threads(1);
+  for (int64_t i = 0; i < m; ++i) {
+    linear_forward(table, tw.w, x.data() + i * k, 1, one.data());
+    ASSERT_TRUE(std::equal(one.begin(), one.end(), all.begin() + i * n, same_bits)) << "row " << i;
+    if (i >= 5 && i < 5 + 16) {
+      ASSERT_TRUE(std::equal(one.begin(), one.end(), few.begin() + (i - 5) * n, same_bits))
+          << "row " << i << " in a batch of 16";
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 }  // namespace xmoe::kernels::test

@@ -138,28 +138,7 @@ TEST(LinearBf16Dot, ReferenceIsWithinF32ErrorOfPyTorch) {
 TEST(LinearBf16Dot, RowsDoNotDependOnTheBatchOrThreads) {
   const KernelTable* fast = fast_medium_table();
   if (!fast) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
-  std::mt19937 rng(5);
-  const int64_t k = 300, n = 517, m = 200;
-  std::vector<uint16_t> v(static_cast<size_t>(n * k));
-  std::vector<float> x(static_cast<size_t>(m * k));
-  for (uint16_t& e : v) e = tricky_w(rng);
-  for (float& e : x) e = tricky_x(rng);
-  const Bf16Weight tw(v, n, k, k);
-  std::vector<float> all(static_cast<size_t>(m * n)), one(static_cast<size_t>(n)), few(16 * one.size());
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(3);
-  linear_forward(*fast, tw.w, x.data(), m, all.data());
-  linear_forward(*fast, tw.w, x.data() + 5 * k, 16, few.data());
-  omp_set_num_threads(1);
-  for (int64_t i = 0; i < m; ++i) {
-    linear_forward(*fast, tw.w, x.data() + i * k, 1, one.data());
-    ASSERT_TRUE(std::equal(one.begin(), one.end(), all.begin() + i * n, same_bits)) << "row " << i;
-    if (i >= 5 && i < 5 + 16) {
-      ASSERT_TRUE(std::equal(one.begin(), one.end(), few.begin() + (i - 5) * n, same_bits))
-          << "row " << i << " in a batch of 16";
-    }
-  }
-  omp_set_num_threads(saved);
+  expect_rows_independent_of_batch_and_threads(*fast);
 }
 
 TEST(LinearBf16Dot, TablesAndNames) {
