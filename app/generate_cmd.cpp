@@ -181,7 +181,8 @@ kernels::Isa model_isa(const kernels::CpuFeatures& features, const std::string& 
   return isa_cap.empty() ? best : std::min(best, kernels::parse_isa(isa_cap));
 }
 
-// Whether the BF16 linears run VDPBF16PS (medium on a level that has it) rather than f32 FMAs.
+// Whether the BF16 linears run bf16 products (medium on a level that has them: VDPBF16PS, or AMX tiles at the
+// AMX level) rather than f32 FMAs.
 bool runs_bf16_dot(const std::string& isa_cap, kernels::MatmulPrecision precision) {
   return precision == kernels::MatmulPrecision::medium &&
          model_isa(kernels::detect_cpu_features(), isa_cap) >= kernels::Isa::avx512_bf16;
@@ -192,6 +193,11 @@ bool runs_bf16_tiles(const std::string& isa_cap, kernels::MatmulPrecision precis
          model_isa(kernels::detect_cpu_features(), isa_cap) == kernels::Isa::amx;
 }
 
+// The f32 FMA chains' peak of the kernel level, the ceiling the compute goals are stated against.
+double f32_fma_peak(const std::string& isa_cap) {
+  const kernels::CpuFeatures features = kernels::detect_cpu_features();
+  return kernels::register_fma_peak_gflops(model_isa(features, isa_cap), features, omp_get_max_threads());
+}
 // The register-only peak of the arithmetic the model's linears run, on all OpenMP threads: TDPBF16PS tiles
 // at medium on AMX, VDPBF16PS chains at medium on AVX512-BF16, else f32 FMA chains of the kernel level.
 double compute_peak(const std::string& isa_cap, kernels::MatmulPrecision precision) {
@@ -200,12 +206,7 @@ double compute_peak(const std::string& isa_cap, kernels::MatmulPrecision precisi
     return kernels::register_amx_bf16_peak_gflops(features, omp_get_max_threads());
   if (runs_bf16_dot(isa_cap, precision))
     return kernels::register_bf16_dot_peak_gflops(features, omp_get_max_threads());
-  return kernels::register_fma_peak_gflops(model_isa(features, isa_cap), features, omp_get_max_threads());
-}
-// The f32 FMA chains' peak of the kernel level, the ceiling the compute goals are stated against.
-double f32_fma_peak(const std::string& isa_cap) {
-  const kernels::CpuFeatures features = kernels::detect_cpu_features();
-  return kernels::register_fma_peak_gflops(model_isa(features, isa_cap), features, omp_get_max_threads());
+  return f32_fma_peak(isa_cap);
 }
 
 const char* peak_name(const std::string& isa_cap, kernels::MatmulPrecision precision) {
@@ -469,7 +470,7 @@ int run_generate(const GenerateOptions& o) {
     const double gflops = per_second(flops, st.prefill_seconds) / 1e9;
     // bf16 products run above the f32 FMA rate: their rate against it too (the compute goals' ceiling).
     std::string versus_fma;
-    if (std::string(peak_name(o.isa, precision)) != "FMA") {
+    if (runs_bf16_dot(o.isa, precision)) {
       const double fma = f32_fma_peak(o.isa);
       char text[96];
       std::snprintf(text, sizeof(text), "; %.2f x the register-only f32 FMA peak %.1f GFLOP/s", gflops / fma,

@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/amx_tiles.hpp"
@@ -134,33 +135,36 @@ double chains_rate(float (*chains)(int64_t, float, float), double flops_per_iter
   return rates[3];
 }
 
+// The probes' argument checks: `what` names the probe in the message, `missing` what the CPU/OS lacks.
+void check_peak_args(const char* what, bool supported, const std::string& missing, int threads,
+                     PeakClock clock) {
+  XMOE_CHECK(supported, what, ": ", missing);
+  XMOE_CHECK(threads >= 1, what, ": threads must be at least 1, got ", threads);
+  XMOE_CHECK(clock != PeakClock::thread_cpu || threads == 1, what,
+             ": the thread CPU clock needs 1 thread, got ", threads);
+}
+
 }  // namespace
 
 double register_bf16_dot_peak_gflops(const CpuFeatures& features, int threads, double seconds,
                                      PeakClock clock) {
-  XMOE_CHECK(features.has_avx512_bf16(), "bf16 dot peak: this CPU/OS has no AVX512-BF16");
-  XMOE_CHECK(threads >= 1, "bf16 dot peak: threads must be at least 1, got ", threads);
-  XMOE_CHECK(clock != PeakClock::thread_cpu || threads == 1,
-             "bf16 dot peak: the thread CPU clock needs 1 thread, got ", threads);
+  check_peak_args("bf16 dot peak", features.has_avx512_bf16(), "this CPU/OS has no AVX512-BF16", threads,
+                  clock);
   return chains_rate(chains_dpbf16, 4.0 * kChains * 16, 16, threads, seconds, clock);
 }
 
 double register_amx_bf16_peak_gflops(const CpuFeatures& features, int threads, double seconds,
                                      PeakClock clock) {
-  XMOE_CHECK(features.has_amx_bf16(), "amx peak: this CPU/OS has no AMX-BF16 (or no tile permission)");
-  XMOE_CHECK(threads >= 1, "amx peak: threads must be at least 1, got ", threads);
-  XMOE_CHECK(clock != PeakClock::thread_cpu || threads == 1,
-             "amx peak: the thread CPU clock needs 1 thread, got ", threads);
+  check_peak_args("amx peak", features.has_amx_bf16(), "this CPU/OS has no AMX-BF16 (or no tile permission)",
+                  threads, clock);
   // Sized as 256 f32 lanes' worth (~1.5 TFLOP/s a thread guessed).
   return chains_rate(chains_tdpbf16, 4.0 * 16384, 256, threads, seconds, clock);
 }
 
 double register_fma_peak_gflops(Isa isa, const CpuFeatures& features, int threads, double seconds,
                                 PeakClock clock) {
-  XMOE_CHECK(isa_supported(features, isa), "fma peak: ", isa_name(isa), " is not supported by this CPU/OS");
-  XMOE_CHECK(threads >= 1, "fma peak: threads must be at least 1, got ", threads);
-  XMOE_CHECK(clock != PeakClock::thread_cpu || threads == 1,
-             "fma peak: the thread CPU clock needs 1 thread, got ", threads);
+  check_peak_args("fma peak", isa_supported(features, isa),
+                  std::string(isa_name(isa)) + " is not supported by this CPU/OS", threads, clock);
   float (*chains)(int64_t, float, float) = chains_scalar;
   int lanes = 1;
   if (isa == Isa::avx2) chains = chains_avx2, lanes = 8;

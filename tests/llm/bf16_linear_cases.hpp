@@ -7,13 +7,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/kernels.hpp"
 #include "kernels/linear.hpp"
 #include "xmoe/dtype.hpp"
+#include "xmoe/safetensors.hpp"
 
 namespace xmoe::kernels::test {
 
@@ -80,6 +84,54 @@ inline std::vector<float> run(const KernelTable& t, const PackedWeight& w, const
 
 inline bool same_bits(float a, float b) {
   return std::memcmp(&a, &b, 4) == 0;
+}
+
+// One random case of `fast` against `ref`, bit for bit: an [n, k] weight with rows k + 5 apart for odd n, x
+// rows k + 3 apart with NaN gaps (never read), outputs [n0, n).
+inline void expect_same_bits_on_random_case(LinearFn fast, LinearFn ref, int64_t m, int64_t k, int64_t n,
+                                            int64_t n0, std::mt19937& rng) {
+  const int64_t stride = k + (n % 2) * 5, ldx = k + 3;
+  std::vector<uint16_t> v(static_cast<size_t>(n * k));
+  for (uint16_t& e : v) e = tricky_w(rng);
+  std::vector<float> x(static_cast<size_t>(m * ldx), std::nanf(""));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t p = 0; p < k; ++p) x[static_cast<size_t>(i * ldx + p)] = tricky_x(rng);
+  const Bf16Weight tw(v, n, k, stride);
+  const std::vector<float> a = run(fast, tw.w, x, m, ldx, n0, n), b = run(ref, tw.w, x, m, ldx, n0, n);
+  for (size_t e = 0; e < a.size(); ++e)
+    ASSERT_TRUE(same_bits(a[e], b[e]))
+        << "m=" << m << " k=" << k << " n=" << n << " output " << e << ": " << a[e] << " vs " << b[e];
+}
+
+// Each (name, kernel) against PyTorch's float64 product of the bf16-rounded operands
+// (tools/make_bf16dot_fixture.py's fixture): every output within (roundings_per_step · steps +
+// more_roundings) · 2^-24 · Σ|x̂ ŵ| (1 % slack), the f32 error bound of a summation path with that many
+// roundings.
+inline void expect_within_f32_bound_of_pytorch(const std::vector<std::pair<std::string, LinearFn>>& kernels,
+                                               int64_t roundings_per_step, int64_t more_roundings) {
+  const SafetensorsFile f =
+      SafetensorsFile::open(std::string(XMOE_TEST_DATA_DIR) + "/linear_bf16dot/case.safetensors");
+  const Tensor xt = f.tensor("x");
+  const int64_t m = xt.dim(0), k = xt.dim(1);
+  const auto wbytes = f.bytes("w");
+  const int64_t n = static_cast<int64_t>(wbytes.size()) / 2 / k;
+  std::vector<uint16_t> v(static_cast<size_t>(n * k));
+  std::memcpy(v.data(), wbytes.data(), wbytes.size());
+  const std::vector<float> x(xt.data<float>(), xt.data<float>() + m * k);
+  const Tensor y64 = f.tensor("y64"), mag = f.tensor("abs_sum");
+  const Bf16Weight tw(v, n, k, k);
+  const int64_t steps = (k + 31) / 32;
+  const double u = 0x1p-24 * static_cast<double>(roundings_per_step * steps + more_roundings) * 1.01;
+  for (const auto& [name, fn] : kernels) {
+    const std::vector<float> y = run(fn, tw.w, x, m, k, 0, n);
+    double worst = 0;
+    for (int64_t e = 0; e < m * n; ++e) {
+      const double err = std::abs(y[e] - y64.data<double>()[e]), bound = u * mag.data<double>()[e];
+      ASSERT_LE(err, bound) << name << " output " << e;
+      worst = std::max(worst, err / bound);
+    }
+    std::printf("%s: largest error / bound %.3g\n", name.c_str(), worst);
+  }
 }
 
 // A row's outputs through `table`'s linear_forward are the same bits alone (1 thread), inside 200 rows (3

@@ -53,18 +53,10 @@ TEST(LinearBf16Dot, KernelMatchesReferenceBitForBit) {
       for (int64_t n : {1, 5, 6, 7, 13}) {  // 5: groups of 3 columns (5 to 8 rows) and a tail
         if (m > 17 && k != 67) continue;    // the large m cross the row chunk; one k is enough there
         if (k == 1100 && (m < 9 || m > 16)) continue;  // 9 to 16 rows tile by k (4 x 6 past ~1024)
-        const int64_t stride = k + (n % 2) * 5, ldx = k + 3;
-        std::vector<uint16_t> v(static_cast<size_t>(n * k));
-        for (uint16_t& e : v) e = tricky_w(rng);
-        std::vector<float> x(static_cast<size_t>(m * ldx), std::nanf(""));  // gaps: NaN, never read
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t p = 0; p < k; ++p) x[static_cast<size_t>(i * ldx + p)] = tricky_x(rng);
-        const Bf16Weight tw(v, n, k, stride);
-        const int64_t n0 = n > 6 ? 1 : 0;  // a column range not starting at 0
-        const std::vector<float> a = run(*fast, tw.w, x, m, ldx, n0, n), b = run(ref, tw.w, x, m, ldx, n0, n);
-        for (size_t e = 0; e < a.size(); ++e)
-          ASSERT_TRUE(same_bits(a[e], b[e]))
-              << "m=" << m << " k=" << k << " n=" << n << " output " << e << ": " << a[e] << " vs " << b[e];
+        const int64_t n0 = n > 6 ? 1 : 0;              // a column range not starting at 0
+        ASSERT_NO_FATAL_FAILURE(expect_same_bits_on_random_case(fast->linear[size_t(WeightFormat::bf16)],
+                                                                ref.linear[size_t(WeightFormat::bf16)], m, k,
+                                                                n, n0, rng));
         ++cases;
       }
   EXPECT_GT(cases, 300);
@@ -108,31 +100,11 @@ TEST(LinearBf16Dot, InstructionSemanticsAreTheReferences) {
 // summation: (2·steps + 4) additions on a path (a lane's pair sums, then the 4-level tree), each off by at
 // most 2^-24 of the partial sum, itself at most Σ|x̂ ŵ|.
 TEST(LinearBf16Dot, ReferenceIsWithinF32ErrorOfPyTorch) {
-  const SafetensorsFile f =
-      SafetensorsFile::open(std::string(XMOE_TEST_DATA_DIR) + "/linear_bf16dot/case.safetensors");
-  const Tensor xt = f.tensor("x");
-  const int64_t m = xt.dim(0), k = xt.dim(1);
-  const auto wbytes = f.bytes("w");
-  const int64_t n = static_cast<int64_t>(wbytes.size()) / 2 / k;
-  std::vector<uint16_t> v(static_cast<size_t>(n * k));
-  std::memcpy(v.data(), wbytes.data(), wbytes.size());
-  const std::vector<float> x(xt.data<float>(), xt.data<float>() + m * k);
-  const Tensor y64 = f.tensor("y64"), mag = f.tensor("abs_sum");
-  const Bf16Weight tw(v, n, k, k);
-  const int64_t steps = (k + 31) / 32;
-  const double u = 0x1p-24 * (2 * steps + 4) * 1.01;
-  std::vector<const KernelTable*> tables{&reference_medium_table()};
-  if (const KernelTable* fast = fast_medium_table()) tables.push_back(fast);
-  for (const KernelTable* t : tables) {
-    const std::vector<float> y = run(*t, tw.w, x, m, k, 0, n);
-    double worst = 0;
-    for (int64_t e = 0; e < m * n; ++e) {
-      const double err = std::abs(y[e] - y64.data<double>()[e]), bound = u * mag.data<double>()[e];
-      ASSERT_LE(err, bound) << isa_name(t->isa) << " output " << e;
-      worst = std::max(worst, err / bound);
-    }
-    std::printf("%s: largest error / bound %.3g\n", isa_name(t->isa), worst);
-  }
+  std::vector<std::pair<std::string, LinearFn>> kernels{
+      {"reference", reference_medium_table().linear[size_t(WeightFormat::bf16)]}};
+  if (const KernelTable* fast = fast_medium_table())
+    kernels.push_back({"avx512_bf16", fast->linear[size_t(WeightFormat::bf16)]});
+  expect_within_f32_bound_of_pytorch(kernels, 2, 4);
 }
 
 TEST(LinearBf16Dot, RowsDoNotDependOnTheBatchOrThreads) {

@@ -47,19 +47,9 @@ TEST(LinearBf16Tile, KernelMatchesReferenceBitForBit) {
     for (int64_t k : {1, 31, 32, 33, 64, 67, 130})
       for (int64_t n : {1, 7, 16, 17, 40, 49, 70}) {
         if (m > 33 && k != 67 && k != 64) continue;  // the large m cross the x block; two k are enough there
-        const int64_t stride = k + (n % 2) * 5, ldx = k + 3;
-        std::vector<uint16_t> v(static_cast<size_t>(n * k));
-        for (uint16_t& e : v) e = tricky_w(rng);
-        std::vector<float> x(static_cast<size_t>(m * ldx), std::nanf(""));  // gaps: NaN, never read
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t p = 0; p < k; ++p) x[static_cast<size_t>(i * ldx + p)] = tricky_x(rng);
-        const Bf16Weight tw(v, n, k, stride);
-        const int64_t n0 = n > 16 ? 3 : 0;  // a column range not starting at a tile
-        const std::vector<float> a = run(fast, tw.w, x, m, ldx, n0, n),
-                                 b = run(reference::linear_bf16_medium_tile, tw.w, x, m, ldx, n0, n);
-        for (size_t e = 0; e < a.size(); ++e)
-          ASSERT_TRUE(same_bits(a[e], b[e]))
-              << "m=" << m << " k=" << k << " n=" << n << " output " << e << ": " << a[e] << " vs " << b[e];
+        const int64_t n0 = n > 16 ? 3 : 0;           // a column range not starting at a tile
+        ASSERT_NO_FATAL_FAILURE(
+            expect_same_bits_on_random_case(fast, reference::linear_bf16_medium_tile, m, k, n, n0, rng));
         ++cases;
       }
   EXPECT_GT(cases, 300);
@@ -115,31 +105,10 @@ TEST(LinearBf16Tile, InstructionSemanticsAreTheReferences) {
 // partial sum bounded by Σ|x̂ ŵ| (a step's longest sum is 16 additions, then the step total, then the running
 // sum): bound (16 + 1 + steps) · 2^-24 · Σ|x̂ ŵ|.
 TEST(LinearBf16Tile, ReferenceIsWithinF32ErrorOfPyTorch) {
-  const SafetensorsFile f =
-      SafetensorsFile::open(std::string(XMOE_TEST_DATA_DIR) + "/linear_bf16dot/case.safetensors");
-  const Tensor xt = f.tensor("x");
-  const int64_t m = xt.dim(0), k = xt.dim(1);
-  const auto wbytes = f.bytes("w");
-  const int64_t n = static_cast<int64_t>(wbytes.size()) / 2 / k;
-  std::vector<uint16_t> v(static_cast<size_t>(n * k));
-  std::memcpy(v.data(), wbytes.data(), wbytes.size());
-  const std::vector<float> x(xt.data<float>(), xt.data<float>() + m * k);
-  const Tensor y64 = f.tensor("y64"), mag = f.tensor("abs_sum");
-  const Bf16Weight tw(v, n, k, k);
-  const int64_t steps = (k + 31) / 32;
-  const double u = 0x1p-24 * (steps + 17) * 1.01;
-  std::vector<LinearFn> fns{reference::linear_bf16_medium_tile};
-  if (const KernelTable* amx = amx_medium_table()) fns.push_back(amx->linear[size_t(WeightFormat::bf16)]);
-  for (LinearFn fn : fns) {
-    const std::vector<float> y = run(fn, tw.w, x, m, k, 0, n);
-    double worst = 0;
-    for (int64_t e = 0; e < m * n; ++e) {
-      const double err = std::abs(y[e] - y64.data<double>()[e]), bound = u * mag.data<double>()[e];
-      ASSERT_LE(err, bound) << "output " << e;
-      worst = std::max(worst, err / bound);
-    }
-    std::printf("largest error / bound %.3g\n", worst);
-  }
+  std::vector<std::pair<std::string, LinearFn>> kernels{{"reference", reference::linear_bf16_medium_tile}};
+  if (const KernelTable* amx = amx_medium_table())
+    kernels.push_back({"amx", amx->linear[size_t(WeightFormat::bf16)]});
+  expect_within_f32_bound_of_pytorch(kernels, 1, 17);
 }
 
 TEST(LinearBf16Tile, RowsDoNotDependOnTheBatchOrThreads) {

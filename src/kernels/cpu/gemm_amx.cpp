@@ -40,6 +40,13 @@ inline __m512i interleave16(__m512i lo, __m512i hi) {
                                        38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   return _mm512_permutex2var_epi16(lo, idx, hi);
 }
+// Rows q and q + 1 (ld apart; q + 1 a zero row at depth) of a matrix stored with k down its rows, `mask`
+// columns of each, interleaved into 16 bf16 pairs: the B tiles' word order, one per column.
+inline __m512i row_pairs(const uint16_t* row_q, int64_t ld, int64_t q, int64_t depth, __mmask32 mask) {
+  const __m512i lo = _mm512_maskz_loadu_epi16(mask, row_q);
+  const __m512i hi = q + 1 < depth ? _mm512_maskz_loadu_epi16(mask, row_q + ld) : _mm512_setzero_si512();
+  return interleave16(lo, hi);
+}
 inline __m512i dword_index(int64_t stride) {  // c · stride for c = 0..15
   return _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                             _mm512_set1_epi32(static_cast<int32_t>(stride)));
@@ -72,13 +79,9 @@ void pack_a(const GemmArgs<bf16, float>& g, int64_t i0, int64_t rows, int64_t p0
       for (int64_t p = 0; p < 16; ++p) {
         const int64_t q = 32 * s + 2 * p;
         if (q >= depth) break;
-        const uint16_t* r0 = a + (p0 + q) * g.lda + i0 + t * kT;
-        const __m512i lo = _mm512_maskz_loadu_epi16(mask, r0);
-        const __m512i hi =
-            q + 1 < depth ? _mm512_maskz_loadu_epi16(mask, r0 + g.lda) : _mm512_setzero_si512();
+        const __m512i pairs = row_pairs(a + (p0 + q) * g.lda + i0 + t * kT, g.lda, q, depth, mask);
         _mm512_mask_i32scatter_epi32(out + (t * steps + s) * kATile + 2 * p,
-                                     static_cast<__mmask16>((1u << h) - 1), rows_apart, interleave16(lo, hi),
-                                     4);
+                                     static_cast<__mmask16>((1u << h) - 1), rows_apart, pairs, 4);
       }
   }
 }
@@ -97,11 +100,8 @@ void pack_b(const GemmArgs<bf16, float>& g, int64_t j0, int64_t cols, int64_t p0
         for (int64_t p = 0; p < 16; ++p) {
           const int64_t q = 32 * s + 2 * p;
           if (q >= depth) break;
-          const uint16_t* r0 = b + (p0 + q) * g.ldb + j0 + u * kT;
-          const __m512i lo = _mm512_maskz_loadu_epi16(mask, r0);
-          const __m512i hi =
-              q + 1 < depth ? _mm512_maskz_loadu_epi16(mask, r0 + g.ldb) : _mm512_setzero_si512();
-          _mm512_storeu_si512(out + (u * steps + s) * kBTile + p * 16, interleave16(lo, hi));
+          _mm512_storeu_si512(out + (u * steps + s) * kBTile + p * 16,
+                              row_pairs(b + (p0 + q) * g.ldb + j0 + u * kT, g.ldb, q, depth, mask));
         }
     }
     return;
@@ -126,12 +126,12 @@ void tiles(const uint16_t* ap, const uint32_t* bp, int64_t steps, float* const* 
            bool load_c) {
   constexpr int kA = MA * NB, kB = MA * NB + MA;
   if (load_c) {
-    if constexpr (MA * NB >= 1) load<0>(c[0], cs[0]);
+    load<0>(c[0], cs[0]);
     if constexpr (MA * NB >= 2) load<1>(c[1], cs[1]);
     if constexpr (MA * NB >= 3) load<2>(c[2], cs[2]);
     if constexpr (MA * NB >= 4) load<3>(c[3], cs[3]);
   } else {
-    if constexpr (MA * NB >= 1) zero<0>();
+    zero<0>();
     if constexpr (MA * NB >= 2) zero<1>();
     if constexpr (MA * NB >= 3) zero<2>();
     if constexpr (MA * NB >= 4) zero<3>();
@@ -146,7 +146,7 @@ void tiles(const uint16_t* ap, const uint32_t* bp, int64_t steps, float* const* 
     if constexpr (MA == 2) dpbf16<NB, kA + 1, kB>();
     if constexpr (MA == 2 && NB == 2) dpbf16<3, kA + 1, kB + 1>();
   }
-  if constexpr (MA * NB >= 1) store<0>(c[0], cs[0]);
+  store<0>(c[0], cs[0]);
   if constexpr (MA * NB >= 2) store<1>(c[1], cs[1]);
   if constexpr (MA * NB >= 3) store<2>(c[2], cs[2]);
   if constexpr (MA * NB >= 4) store<3>(c[3], cs[3]);
