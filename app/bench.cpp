@@ -197,10 +197,8 @@ int run_bench(const BenchOptions& o) {
       kernels::kernel_table(kernels::parse_isa(layer.kernel_isa()), kernels::detect_cpu_features());
   const kernels::CpuFeatures features = kernels::detect_cpu_features();
   const bool dot_bf16 = cfg.dtype == DType::bf16 && table.isa >= kernels::Isa::avx512_bf16;
-  const bool tiles_bf16 = cfg.dtype == DType::bf16 && table.isa == kernels::Isa::amx;
   auto measure_peak = [&] {
-    if (tiles_bf16) return kernels::register_amx_bf16_peak_gflops(features, omp_get_max_threads());
-    return dot_bf16 ? kernels::register_bf16_dot_peak_gflops(features, omp_get_max_threads())
+    return dot_bf16 ? kernels::register_bf16_product_peak_gflops(table.isa, features, omp_get_max_threads())
                     : kernels::register_fma_peak_gflops(table.isa, features, omp_get_max_threads());
   };
   for (int step = 0; step < o.num_steps; ++step) {
@@ -272,7 +270,7 @@ int run_bench(const BenchOptions& o) {
   say(root,
       "[FMA peak] register-only %s %.1f GFLOP/s (%s, %d threads, median of one after each step): experts "
       "forward %.1f%%",
-      tiles_bf16 ? "TDPBF16PS (AMX)" : dot_bf16 ? "VDPBF16PS" : "f32 FMA", median(fma_peak),
+      dot_bf16 ? kernels::bf16_product_peak_name(table.isa) : "f32 FMA", median(fma_peak),
       kernels::isa_name(table.isa), omp_get_max_threads(), 100.0 * median(exp_share));
   if (!o.eval) say(root, ", backward %.1f%%", 100.0 * median(bwd_exp_share));
   say(root, "; whole step %.1f GFLOP/s = %.1f%%\n", flops_per_step / med / 1e9, 100.0 * median(step_share));

@@ -187,31 +187,24 @@ bool runs_bf16_dot(const std::string& isa_cap, kernels::MatmulPrecision precisio
   return precision == kernels::MatmulPrecision::medium &&
          model_isa(kernels::detect_cpu_features(), isa_cap) >= kernels::Isa::avx512_bf16;
 }
-// Whether they run AMX's TDPBF16PS (medium on the AMX level).
-bool runs_bf16_tiles(const std::string& isa_cap, kernels::MatmulPrecision precision) {
-  return precision == kernels::MatmulPrecision::medium &&
-         model_isa(kernels::detect_cpu_features(), isa_cap) == kernels::Isa::amx;
-}
-
 // The f32 FMA chains' peak of the kernel level, the ceiling the compute goals are stated against.
 double f32_fma_peak(const std::string& isa_cap) {
   const kernels::CpuFeatures features = kernels::detect_cpu_features();
   return kernels::register_fma_peak_gflops(model_isa(features, isa_cap), features, omp_get_max_threads());
 }
-// The register-only peak of the arithmetic the model's linears run, on all OpenMP threads: TDPBF16PS tiles
-// at medium on AMX, VDPBF16PS chains at medium on AVX512-BF16, else f32 FMA chains of the kernel level.
+// The register-only peak of the arithmetic the model's linears run, on all OpenMP threads: the level's bf16
+// products at medium (TDPBF16PS tiles on AMX, VDPBF16PS chains on AVX512-BF16), else f32 FMA chains.
 double compute_peak(const std::string& isa_cap, kernels::MatmulPrecision precision) {
   const kernels::CpuFeatures features = kernels::detect_cpu_features();
-  if (runs_bf16_tiles(isa_cap, precision))
-    return kernels::register_amx_bf16_peak_gflops(features, omp_get_max_threads());
   if (runs_bf16_dot(isa_cap, precision))
-    return kernels::register_bf16_dot_peak_gflops(features, omp_get_max_threads());
+    return kernels::register_bf16_product_peak_gflops(model_isa(features, isa_cap), features,
+                                                      omp_get_max_threads());
   return f32_fma_peak(isa_cap);
 }
 
 const char* peak_name(const std::string& isa_cap, kernels::MatmulPrecision precision) {
-  if (runs_bf16_tiles(isa_cap, precision)) return "TDPBF16PS (AMX)";
-  return runs_bf16_dot(isa_cap, precision) ? "VDPBF16PS" : "FMA";
+  if (!runs_bf16_dot(isa_cap, precision)) return "FMA";
+  return kernels::bf16_product_peak_name(model_isa(kernels::detect_cpu_features(), isa_cap));
 }
 
 // /proc/loadavg's first three fields ("?" where it cannot be read): the machine may be shared.

@@ -89,10 +89,9 @@ void run_linear_rows_bench(const kernels::KernelTable& table, const kernels::Cpu
       // 96 MiB of copies: each call reads its weight from DRAM, as a model's experts are read.
       const WeightCopies set =
           make_copies(format, w, s.n, s.k, std::max<size_t>(2, (size_t{96} << 20) / one));
-      const bool bf16_tiles = bf16_dot && variant.table->isa == kernels::Isa::amx;
-      const double peak = bf16_tiles ? kernels::register_amx_bf16_peak_gflops(features, threads)
-                          : bf16_dot ? kernels::register_bf16_dot_peak_gflops(features, threads)
-                                     : kernels::register_fma_peak_gflops(table.isa, features, threads);
+      const double peak =
+          bf16_dot ? kernels::register_bf16_product_peak_gflops(variant.table->isa, features, threads)
+                   : kernels::register_fma_peak_gflops(table.isa, features, threads);
       for (const int64_t m : rows) {
         std::vector<float> x(static_cast<size_t>(m * s.k)), y(static_cast<size_t>(m * s.n));
         for (float& v : x) v = normal(rng);
@@ -120,9 +119,7 @@ void run_linear_rows_bench(const kernels::KernelTable& table, const kernels::Cpu
                     static_cast<long long>(m), gflops, 100 * gflops / peak, gbs, 100 * gbs / bandwidth);
       }
       std::printf("%-15s register-only %s peak (%s, %d threads): %.1f GFLOP/s\n", "",
-                  bf16_tiles ? "TDPBF16PS (AMX)"
-                  : bf16_dot ? "VDPBF16PS"
-                             : "FMA",
+                  bf16_dot ? kernels::bf16_product_peak_name(variant.table->isa) : "FMA",
                   kernels::isa_name(table.isa), threads, peak);
       std::fflush(stdout);
     }

@@ -172,4 +172,15 @@ double register_fma_peak_gflops(Isa isa, const CpuFeatures& features, int thread
   return chains_rate(chains, 2.0 * kChains * lanes, lanes, threads, seconds, clock);
 }
 
+double register_bf16_product_peak_gflops(Isa isa, const CpuFeatures& features, int threads, double seconds,
+                                         PeakClock clock) {
+  XMOE_CHECK(isa >= Isa::avx512_bf16, "bf16 product peak: ", isa_name(isa), " has no bf16 products");
+  return isa == Isa::amx ? register_amx_bf16_peak_gflops(features, threads, seconds, clock)
+                         : register_bf16_dot_peak_gflops(features, threads, seconds, clock);
+}
+
+const char* bf16_product_peak_name(Isa isa) {
+  return isa == Isa::amx ? "TDPBF16PS (AMX)" : "VDPBF16PS";
+}
+
 }  // namespace xmoe::kernels

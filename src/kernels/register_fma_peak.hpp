@@ -34,4 +34,11 @@ double register_bf16_dot_peak_gflops(const CpuFeatures& features, int threads, d
 double register_amx_bf16_peak_gflops(const CpuFeatures& features, int threads, double seconds = 0.2,
                                      PeakClock clock = PeakClock::wall);
 
+// The ceiling of the bf16 products kernel level `isa` runs (the medium linears, the bf16 GEMM): the AMX peak
+// at the AMX level, the VDPBF16PS peak at AVX512-BF16; and its name ("TDPBF16PS (AMX)", "VDPBF16PS"). Throws
+// xmoe::Error below AVX512-BF16 or where the probes do.
+double register_bf16_product_peak_gflops(Isa isa, const CpuFeatures& features, int threads,
+                                         double seconds = 0.2, PeakClock clock = PeakClock::wall);
+const char* bf16_product_peak_name(Isa isa);
+
 }  // namespace xmoe::kernels
