@@ -3,9 +3,10 @@
 //    all exact in f32 (small dyadic values, power-of-two scales), it must return the exact dot product of x
 //    with the PyTorch-checked dequantisation (row_to_f32), which catches any element paired with the wrong
 //    scale or lost; on random data it stays within bf16 rounding of the f32 product;
-//  * the AVX512-BF16 kernels against that reference bit for bit: decode and prefill row counts, column
-//    sub-ranges, k tails, every E4M3 code point (subnormals, zeros, NaN), NaN and zero scales, a large NVFP4
-//    global scale and denormals-are-zero (their fallbacks);
+//  * the AVX512-BF16 kernels against that reference bit for bit, and the AMX level's FP8 kernel against its
+//    own reference (linear_quant_bf16tile.hpp: the same operands in TDPBF16PS's order): decode and prefill
+//    row counts, column sub-ranges, k tails, every E4M3 code point (subnormals, zeros, NaN), NaN and zero
+//    scales, a large NVFP4 global scale and denormals-are-zero (their fallbacks);
 //  * each output independent of the rest of its batch: every row of a batch equals that row computed alone,
 //    across the switch from register decode to decoded weight panels (the row counts either side of it) and
 //    past one L2 block of x rows, and for any thread count of the column split.
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "kernels/cpu/linear_quant_bf16dot_panel_avx512_bf16.hpp"
+#include "kernels/cpu/linear_quant_bf16tile.hpp"
 #include "kernels/kernels.hpp"
 #include "kernels/linear.hpp"
 #include "kernels/quant/codecs.hpp"
@@ -46,18 +48,68 @@ const KernelTable& medium_reference() {
   return kernel_table(Isa::reference, detect_cpu_features(), MatmulPrecision::medium);
 }
 
-// The AVX512-BF16 medium table, or null where this CPU lacks the instruction.
+// A vector level's medium kernel for one format and the scalar reference it must match bit for bit.
+struct FastKernel {
+  std::string level;
+  Isa isa;
+  LinearFn kernel, reference;
+  std::vector<int64_t> switch_rows;  // row counts each side of its decode / prefill switch
+  int64_t prefill_rows;              // a batch of the prefill shape, its tiles of two heights
+};
+
+// Row counts each side of the AVX512-BF16 kernels' switch to decoded panels (a tile of fewer rows is the only
+// tile at the threshold, one more row makes tiles of two heights) and one that needs two L2 blocks of x rows
+// at k = 2048.
+std::vector<int64_t> panel_row_counts(WeightFormat f) {
+  const int64_t t = f == WeightFormat::fp8_block ? avx512_bf16::kQuantPanelMinRowsFp8
+                    : f == WeightFormat::mxfp4   ? avx512_bf16::kQuantPanelMinRowsMxfp4
+                                                 : avx512_bf16::kQuantPanelMinRowsNvfp4;
+  return {t - 1, t, t + 1, 130};
+}
+
+// The kernels for format f of every vector level this CPU has, each level's kernel once (the AMX level keeps
+// the AVX512-BF16 kernels of the FP4 formats); empty where it has no AVX512-BF16.
+std::vector<FastKernel> fast_kernels(WeightFormat f) {
+  const CpuFeatures features = detect_cpu_features();
+  std::vector<FastKernel> out;
+  if (!isa_supported(features, Isa::avx512_bf16)) return out;
+  const auto slot = static_cast<size_t>(f);
+  out.push_back({"avx512_bf16", Isa::avx512_bf16,
+                 kernel_table(Isa::avx512_bf16, features, MatmulPrecision::medium).linear[slot],
+                 medium_reference().linear[slot], panel_row_counts(f), panel_row_counts(f)[2]});
+  if (isa_supported(features, Isa::amx)) {
+    const LinearFn amx = kernel_table(Isa::amx, features, MatmulPrecision::medium).linear[slot];
+    if (amx != out[0].kernel) {
+      EXPECT_EQ(f, WeightFormat::fp8_block);
+      constexpr int64_t t = amx::kFp8TileDecodeRows;
+      out.push_back({"amx",
+                     Isa::amx,
+                     amx,
+                     reference::linear_fp8_block_medium_tile,
+                     {t, t + 1, 2 * t + 1, 130},
+                     2 * t + 1});
+    }
+  }
+  return out;
+}
+
+// The AVX512-BF16 medium table (the FP4 formats' kernels at both vector levels), or null where this CPU
+// lacks the instruction.
 const KernelTable* medium_fast() {
   const CpuFeatures f = detect_cpu_features();
   if (!isa_supported(f, Isa::avx512_bf16)) return nullptr;
   return &kernel_table(Isa::avx512_bf16, f, MatmulPrecision::medium);
 }
 
-std::vector<float> run(const KernelTable& t, const PackedWeight& w, const std::vector<float>& x, int64_t m,
+std::vector<float> run(LinearFn linear, const PackedWeight& w, const std::vector<float>& x, int64_t m,
                        int64_t ldx, int64_t n0, int64_t n1, int64_t ldy) {
   std::vector<float> y(static_cast<size_t>(m * ldy), 12345.0f);  // untouched outside [n0, n1)
-  t.linear[static_cast<int>(w.format)](LinearArgs{x.data(), m, ldx, &w, n0, n1, y.data(), ldy});
+  linear(LinearArgs{x.data(), m, ldx, &w, n0, n1, y.data(), ldy});
   return y;
+}
+std::vector<float> run(const KernelTable& t, const PackedWeight& w, const std::vector<float>& x, int64_t m,
+                       int64_t ldx, int64_t n0, int64_t n1, int64_t ldy) {
+  return run(t.linear[static_cast<int>(w.format)], w, x, m, ldx, n0, n1, ldy);
 }
 
 void expect_same(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
@@ -74,9 +126,11 @@ TEST(QuantMedium, TableHasMediumQuantLinears) {
   EXPECT_EQ(r.precision, MatmulPrecision::medium);
   for (const WeightFormat f : {WeightFormat::fp8_block, WeightFormat::mxfp4, WeightFormat::nvfp4}) {
     EXPECT_NE(r.linear[static_cast<int>(f)], reference_kernel_table().linear[static_cast<int>(f)]);
-    if (const KernelTable* t = medium_fast()) {
-      EXPECT_NE(t->linear[static_cast<int>(f)], r.linear[static_cast<int>(f)]);
-    }
+    for (const FastKernel& fast : fast_kernels(f)) EXPECT_NE(fast.kernel, fast.reference) << fast.level;
+  }
+  const CpuFeatures features = detect_cpu_features();
+  if (isa_supported(features, Isa::amx)) {  // FP8 on tiles: another arithmetic than the AVX512-BF16 level's
+    EXPECT_EQ(fast_kernels(WeightFormat::fp8_block).size(), 2u);
   }
 }
 
@@ -102,10 +156,13 @@ TEST(QuantMedium, ReferenceIsExactOnExactlyRepresentableData) {
       q.global_scale = 0.5f;
     }
     const PackedWeight w = q.view();
-    for (const int64_t m : {1, 3}) {
+    for (const int64_t m : {1, 3, 4, 5}) {  // 4, 5: FP8's tile reference (the AMX level's order)
+      if (m > 3 && f != WeightFormat::fp8_block) continue;
+      const LinearFn linear =
+          m > 3 ? reference::linear_fp8_block_medium_tile : medium_reference().linear[static_cast<int>(f)];
       std::vector<float> x(static_cast<size_t>(m * k));
       for (auto& v : x) v = static_cast<float>(eighths(rng)) / 8.0f;
-      const auto got = run(medium_reference(), w, x, m, k, 0, n, n);
+      const auto got = run(linear, w, x, m, k, 0, n, n);
       std::vector<float> row(static_cast<size_t>(k));
       int nonzero = 0;
       for (int64_t j = 0; j < n; ++j) {
@@ -133,6 +190,10 @@ TEST(QuantMedium, ReferenceIsCloseToHighest) {
     const auto x = random_values(static_cast<size_t>(m * k), rng);
     const auto medium = run(medium_reference(), w, x, m, k, 0, n, n);
     const auto highest = run(reference_kernel_table(), w, x, m, k, 0, n, n);
+    // FP8's tile reference: the same operands summed in another order
+    const auto tile = f == WeightFormat::fp8_block
+                          ? run(reference::linear_fp8_block_medium_tile, w, x, m, k, 0, n, n)
+                          : medium;
     std::vector<float> row(static_cast<size_t>(k));
     for (int64_t j = 0; j < n; ++j) {
       w.row_to_f32(j, row.data());
@@ -141,6 +202,7 @@ TEST(QuantMedium, ReferenceIsCloseToHighest) {
         for (int64_t p = 0; p < k; ++p) magnitude += std::fabs(double(x[i * k + p]) * row[p]);
         EXPECT_NEAR(medium[i * n + j], highest[i * n + j], magnitude * 0x1p-8) << weight_format_name(f);
         EXPECT_NE(medium[i * n + j], highest[i * n + j]);  // it is another arithmetic
+        EXPECT_NEAR(tile[i * n + j], medium[i * n + j], magnitude * 0x1p-20) << weight_format_name(f);
       }
     }
   }
@@ -150,47 +212,41 @@ struct Shape {
   int64_t n, k;
 };
 
-// Row counts each side of the AVX512-BF16 kernels' switch to decoded panels (a tile of fewer rows is the only
-// tile at the threshold, one more row makes tiles of two heights) and one that needs two L2 blocks of x rows
-// at k = 2048.
-std::vector<int64_t> panel_row_counts(WeightFormat f) {
-  const int64_t t = f == WeightFormat::fp8_block ? avx512_bf16::kQuantPanelMinRowsFp8
-                    : f == WeightFormat::mxfp4   ? avx512_bf16::kQuantPanelMinRowsMxfp4
-                                                 : avx512_bf16::kQuantPanelMinRowsNvfp4;
-  return {t - 1, t, t + 1, 130};
-}
-
-void check_format(WeightFormat f, const std::vector<Shape>& shapes) {
-  const KernelTable* fast = medium_fast();
-  if (fast == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+void check_format(WeightFormat f, const std::vector<Shape>& shapes, const FastKernel& fast) {
   std::mt19937 rng(7);
   for (const Shape s : shapes) {
     const QuantizedMatrix q =
         quantize(f, random_values(static_cast<size_t>(s.n * s.k), rng, 0.05f), s.n, s.k);
     const PackedWeight w = q.view();
     std::vector<int64_t> row_counts = {1, 2, 3, 5, 6, 7, 8};
-    for (const int64_t m : panel_row_counts(f))
+    for (const int64_t m : fast.switch_rows)
       if (s.n * m * s.k <= 3'000'000) row_counts.push_back(m);  // the scalar reference is slow
     for (const int64_t m : row_counts) {
       const int64_t ldx = s.k + 3, ldy = s.n + 2;
       const auto x = random_values(static_cast<size_t>(m * ldx), rng);
       for (const auto& [n0, n1] : {std::pair<int64_t, int64_t>{0, s.n}, {s.n / 3, s.n - s.n / 4}}) {
         if (n0 >= n1) continue;
-        const auto want = run(medium_reference(), w, x, m, ldx, n0, n1, ldy);
-        const std::string what = std::string(weight_format_name(f)) + " n=" + std::to_string(s.n) +
+        const auto want = run(fast.reference, w, x, m, ldx, n0, n1, ldy);
+        const std::string what = fast.level + " " + weight_format_name(f) + " n=" + std::to_string(s.n) +
                                  " k=" + std::to_string(s.k) + " m=" + std::to_string(m) + " cols [" +
                                  std::to_string(n0) + ", " + std::to_string(n1) + ")";
-        expect_same(run(*fast, w, x, m, ldx, n0, n1, ldy), want, what);
+        expect_same(run(fast.kernel, w, x, m, ldx, n0, n1, ldy), want, what);
         if (m > 1)  // each row alone gets the bits it gets inside the batch
           for (int64_t i = 0; i < m; i += std::max<int64_t>(1, m / 9)) {
             const std::vector<float> x_row(x.begin() + i * ldx, x.begin() + (i + 1) * ldx);
             const std::vector<float> in_batch(want.begin() + i * ldy, want.begin() + (i + 1) * ldy);
-            expect_same(run(*fast, w, x_row, 1, ldx, n0, n1, ldy), in_batch,
+            expect_same(run(fast.kernel, w, x_row, 1, ldx, n0, n1, ldy), in_batch,
                         what + " row " + std::to_string(i) + " alone");
           }
       }
     }
   }
+}
+
+void check_format(WeightFormat f, const std::vector<Shape>& shapes) {
+  const std::vector<FastKernel> kernels = fast_kernels(f);
+  if (kernels.empty()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  for (const FastKernel& fast : kernels) check_format(f, shapes, fast);
 }
 
 TEST(QuantMedium, Fp8BlockKernelMatchesReferenceBitForBit) {
@@ -206,59 +262,69 @@ TEST(QuantMedium, Nvfp4KernelMatchesReferenceBitForBit) {
 // Every E4M3 code point as an element (subnormals, both zeros, NaN in its own row), FP8 blocks of 16 columns
 // (multipliers differing inside a chunk), E8M0 FP8 scales.
 TEST(QuantMedium, Fp8EveryCodePointAndBlockShape) {
-  const KernelTable* fast = medium_fast();
-  if (fast == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
-  std::mt19937 rng(9);
-  const int64_t n = 9, k = 264;
-  for (const int block : {16, 128}) {
-    auto q = quantize_fp8_block(random_values(static_cast<size_t>(n * k), rng).data(), n, k, false, block);
-    for (int64_t i = 0; i < (n - 1) * k; ++i) {
-      const auto code = static_cast<uint8_t>(i % 256);
-      q.data[static_cast<size_t>(i)] = (code & 0x7F) == 0x7F ? 0x3C : code;
+  const std::vector<FastKernel> kernels = fast_kernels(WeightFormat::fp8_block);
+  if (kernels.empty()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  for (const FastKernel& fast : kernels) {
+    std::mt19937 rng(9);
+    const int64_t n = 9, k = 264;
+    for (const int block : {16, 128}) {
+      auto q = quantize_fp8_block(random_values(static_cast<size_t>(n * k), rng).data(), n, k, false, block);
+      for (int64_t i = 0; i < (n - 1) * k; ++i) {
+        const auto code = static_cast<uint8_t>(i % 256);
+        q.data[static_cast<size_t>(i)] = (code & 0x7F) == 0x7F ? 0x3C : code;
+      }
+      q.data[static_cast<size_t>((n - 1) * k + 100)] = 0xFF;  // the last row only
+      const PackedWeight w = q.view();
+      for (const int64_t m : {int64_t{1}, int64_t{2}, int64_t{5}, fast.prefill_rows}) {
+        const auto x = random_values(static_cast<size_t>(m * k), rng);
+        const auto want = run(fast.reference, w, x, m, k, 0, n, n);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j)
+            EXPECT_EQ(std::isnan(want[i * n + j]), j == n - 1) << i << ", " << j;
+        expect_same(
+            run(fast.kernel, w, x, m, k, 0, n, n), want,
+            fast.level + " fp8 code points, block " + std::to_string(block) + " m=" + std::to_string(m));
+      }
     }
-    q.data[static_cast<size_t>((n - 1) * k + 100)] = 0xFF;  // the last row only
-    const PackedWeight w = q.view();
-    for (const int64_t m :
-         {int64_t{1}, int64_t{2}, int64_t{5}, panel_row_counts(WeightFormat::fp8_block)[2]}) {
+    // E8M0 scale codes (ScaleType::e8m0: 2^(c - 127) per 128 × 128 block).
+    auto e8 = quantize_fp8_block(random_values(static_cast<size_t>(n * k), rng).data(), n, k);
+    e8.scale_type = ScaleType::e8m0;
+    std::vector<uint8_t> codes(e8.scales.size() / 4);
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(120 + 3 * i);
+    e8.scales = codes;
+    const PackedWeight w = e8.view();
+    for (const int64_t m : {int64_t{2}, fast.prefill_rows}) {
       const auto x = random_values(static_cast<size_t>(m * k), rng);
-      const auto want = run(medium_reference(), w, x, m, k, 0, n, n);
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j) EXPECT_EQ(std::isnan(want[i * n + j]), j == n - 1) << i << ", " << j;
-      expect_same(run(*fast, w, x, m, k, 0, n, n), want, "fp8 code points, block " + std::to_string(block));
+      expect_same(run(fast.kernel, w, x, m, k, 0, n, n), run(fast.reference, w, x, m, k, 0, n, n),
+                  fast.level + " fp8 e8m0");
     }
   }
-  // E8M0 scale codes (ScaleType::e8m0: 2^(c - 127) per 128 × 128 block).
-  auto e8 = quantize_fp8_block(random_values(static_cast<size_t>(n * k), rng).data(), n, k);
-  e8.scale_type = ScaleType::e8m0;
-  std::vector<uint8_t> codes(e8.scales.size() / 4);
-  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(120 + 3 * i);
-  e8.scales = codes;
-  const PackedWeight w = e8.view();
-  const auto x = random_values(static_cast<size_t>(2 * k), rng);
-  expect_same(run(*fast, w, x, 2, k, 0, n, n), run(medium_reference(), w, x, 2, k, 0, n, n), "fp8 e8m0");
 }
 
 // An infinite FP8 block multiplier over the k tail: the reference leaves the lanes wholly past k alone, so
 // with positive products in every live lane each output is +inf; a lane past k that took 0 · inf would make
 // it NaN.
 TEST(QuantMedium, Fp8InfiniteMultiplierOverTheKTail) {
-  const KernelTable* fast = medium_fast();
-  if (fast == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
-  std::mt19937 rng(27);
-  std::uniform_real_distribution<float> positive(0.5f, 1.0f);
-  const int64_t n = 6, k = 1000;  // the last chunk, [960, 1000), has 10 of its 16 lanes
-  std::vector<float> wv(static_cast<size_t>(n * k));
-  for (auto& v : wv) v = positive(rng);
-  auto q = quantize_fp8_block(wv.data(), n, k);
-  const float inf = INFINITY;
-  std::memcpy(q.scales.data() + 4 * (k / 128), &inf, 4);  // block [0, 128) x [896, 1000)
-  const PackedWeight w = q.view();
-  for (const int64_t m : {int64_t{1}, int64_t{5}, panel_row_counts(WeightFormat::fp8_block)[2]}) {
-    std::vector<float> x(static_cast<size_t>(m * k));
-    for (auto& v : x) v = positive(rng);
-    const auto want = run(medium_reference(), w, x, m, k, 0, n, n);
-    for (const float v : want) ASSERT_EQ(v, inf);
-    expect_same(run(*fast, w, x, m, k, 0, n, n), want, "fp8 infinite tail multiplier m=" + std::to_string(m));
+  const std::vector<FastKernel> kernels = fast_kernels(WeightFormat::fp8_block);
+  if (kernels.empty()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  for (const FastKernel& fast : kernels) {
+    std::mt19937 rng(27);
+    std::uniform_real_distribution<float> positive(0.5f, 1.0f);
+    const int64_t n = 6, k = 1000;  // the last chunk, [960, 1000), has 10 of its 16 lanes
+    std::vector<float> wv(static_cast<size_t>(n * k));
+    for (auto& v : wv) v = positive(rng);
+    auto q = quantize_fp8_block(wv.data(), n, k);
+    const float inf = INFINITY;
+    std::memcpy(q.scales.data() + 4 * (k / 128), &inf, 4);  // block [0, 128) x [896, 1000)
+    const PackedWeight w = q.view();
+    for (const int64_t m : {int64_t{1}, int64_t{5}, fast.prefill_rows}) {
+      std::vector<float> x(static_cast<size_t>(m * k));
+      for (auto& v : x) v = positive(rng);
+      const auto want = run(fast.reference, w, x, m, k, 0, n, n);
+      for (const float v : want) ASSERT_EQ(v, inf);
+      expect_same(run(fast.kernel, w, x, m, k, 0, n, n), want,
+                  fast.level + " fp8 infinite tail multiplier m=" + std::to_string(m));
+    }
   }
 }
 
@@ -269,7 +335,6 @@ TEST(QuantMedium, Fp8InfiniteMultiplierOverTheKTail) {
 // overflows makes the output infinite (or NaN against a zero weight), a NaN activation NaN; in a decode batch
 // and in a panel batch, each row as it is alone.
 TEST(QuantMedium, Fp8ScaledActivationsRoundAsTheInstruction) {
-  const KernelTable* fast = medium_fast();
   std::mt19937 rng(41);
   const int64_t n = 3, k = 256;
   std::vector<float> wv(static_cast<size_t>(n * k), 0.0f);
@@ -286,23 +351,37 @@ TEST(QuantMedium, Fp8ScaledActivationsRoundAsTheInstruction) {
   const uint32_t bits = 0x007FF000u;
   std::memcpy(&below_normal, &bits, 4);
   below_normal /= 256.0f;
-  std::vector<float> x(static_cast<size_t>(13 * k));
+  const int64_t m = 40;  // a panel batch at every level
+  std::vector<float> x(static_cast<size_t>(m * k));
   for (auto& v : x) v = std::normal_distribution<float>(0.0f, 1.0f)(rng);
   for (int64_t p = 0; p < k; ++p) x[static_cast<size_t>(p)] = 0.0f;
   x[5] = below_normal;                    // row 0: the subnormal product alone
   x[static_cast<size_t>(k + 9)] = 3e38f;  // row 1: a product past FLT_MAX
   x[static_cast<size_t>(2 * k + 200)] = NAN;
-  const auto want = run(medium_reference(), w, x, 13, k, 0, n, n);
-  EXPECT_EQ(want[0], 0.0f);  // row 0 against weight row 0: nothing but the flushed product
-  EXPECT_TRUE(std::isinf(want[n + 1]) && want[n + 1] > 0);
-  EXPECT_TRUE(std::isnan(want[n + 0]));  // infinity times a zero weight
-  for (int64_t j = 0; j < n; ++j) EXPECT_TRUE(std::isnan(want[2 * n + j]));
-  for (int64_t j = 0; j < n; ++j) EXPECT_TRUE(std::isfinite(want[3 * n + j]) && want[3 * n + j] != 0.0f);
-  if (fast == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
-  ASSERT_GE(13, avx512_bf16::kQuantPanelMinRowsFp8);
-  expect_same(run(*fast, w, x, 13, k, 0, n, n), want, "fp8 scaled activations, panel batch");
-  const std::vector<float> x4(x.begin(), x.begin() + 4 * k), want4(want.begin(), want.begin() + 4 * n);
-  expect_same(run(*fast, w, x4, 4, k, 0, n, n), want4, "fp8 scaled activations, decode batch");
+  const FastKernel tile{"reference tile",
+                        Isa::reference,
+                        reference::linear_fp8_block_medium_tile,
+                        reference::linear_fp8_block_medium_tile,
+                        {},
+                        0};
+  std::vector<FastKernel> kernels = fast_kernels(WeightFormat::fp8_block);
+  kernels.push_back(tile);  // the checks on `want` below, on the AMX level's reference too
+  for (const FastKernel& fast : kernels) {
+    const auto want = run(fast.reference, w, x, m, k, 0, n, n);
+    EXPECT_EQ(want[0], 0.0f) << fast.level;  // row 0 against weight row 0: nothing but the flushed product
+    EXPECT_TRUE(std::isinf(want[n + 1]) && want[n + 1] > 0) << fast.level;
+    EXPECT_TRUE(std::isnan(want[n + 0])) << fast.level;  // infinity times a zero weight
+    for (int64_t j = 0; j < n; ++j) EXPECT_TRUE(std::isnan(want[2 * n + j])) << fast.level;
+    for (int64_t j = 0; j < n; ++j)
+      EXPECT_TRUE(std::isfinite(want[3 * n + j]) && want[3 * n + j] != 0.0f) << fast.level;
+    if (fast.kernel == fast.reference) continue;
+    ASSERT_GE(m, fast.prefill_rows);
+    expect_same(run(fast.kernel, w, x, m, k, 0, n, n), want,
+                fast.level + " fp8 scaled activations, panel batch");
+    const std::vector<float> x4(x.begin(), x.begin() + 4 * k), want4(want.begin(), want.begin() + 4 * n);
+    expect_same(run(fast.kernel, w, x4, 4, k, 0, n, n), want4,
+                fast.level + " fp8 scaled activations, decode batch");
+  }
 }
 
 // Scale codes the fast decode leaves to the reference (MXFP4 outside 2..252, NVFP4 0x7F), an NVFP4 global
@@ -420,23 +499,30 @@ TEST(QuantMedium, Fp4ScaleCodesInLaterGroups) {
 // linear_forward splits the columns over the team in blocks of 8, so a panel group or a tile ends at a block
 // edge for some thread counts and not others: every count must give the reference's bits.
 TEST(QuantMedium, AnyThreadCountGivesTheReferenceBits) {
-  const KernelTable* fast = medium_fast();
-  if (fast == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  const CpuFeatures features = detect_cpu_features();
+  if (!isa_supported(features, Isa::avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   std::mt19937 rng(31);
   const int saved = omp_get_max_threads();
-  for (const WeightFormat f : {WeightFormat::fp8_block, WeightFormat::mxfp4, WeightFormat::nvfp4}) {
-    const int64_t n = 150, k = f == WeightFormat::fp8_block ? 1000 : 1024, m = panel_row_counts(f)[2];
-    const QuantizedMatrix q = quantize(f, random_values(static_cast<size_t>(n * k), rng, 0.05f), n, k);
-    const PackedWeight w = q.view();
-    const auto x = random_values(static_cast<size_t>(m * k), rng);
-    const auto want = run(medium_reference(), w, x, m, k, 0, n, n);
-    for (const int threads : {1, 2, 3, 5}) {
-      omp_set_num_threads(threads);
-      std::vector<float> got(static_cast<size_t>(m * n));
-      linear_forward(*fast, w, x.data(), m, got.data());
-      expect_same(got, want, std::string(weight_format_name(f)) + " " + std::to_string(threads) + " threads");
+  for (const WeightFormat f : {WeightFormat::fp8_block, WeightFormat::mxfp4, WeightFormat::nvfp4})
+    for (const FastKernel& fast : fast_kernels(f)) {
+      const KernelTable& table = kernel_table(fast.isa, features, MatmulPrecision::medium);
+      ASSERT_EQ(table.linear[static_cast<int>(f)], fast.kernel);
+      const int64_t n = 150, k = f == WeightFormat::fp8_block ? 1000 : 1024;
+      const QuantizedMatrix q = quantize(f, random_values(static_cast<size_t>(n * k), rng, 0.05f), n, k);
+      const PackedWeight w = q.view();
+      for (const int64_t m : {int64_t{5}, fast.prefill_rows}) {
+        const auto x = random_values(static_cast<size_t>(m * k), rng);
+        const auto want = run(fast.reference, w, x, m, k, 0, n, n);
+        for (const int threads : {1, 2, 3, 5}) {
+          omp_set_num_threads(threads);
+          std::vector<float> got(static_cast<size_t>(m * n));
+          linear_forward(table, w, x.data(), m, got.data());
+          expect_same(got, want,
+                      fast.level + " " + weight_format_name(f) + " m=" + std::to_string(m) + ", " +
+                          std::to_string(threads) + " threads");
+        }
+      }
     }
-  }
   omp_set_num_threads(saved);
 }
 

@@ -19,6 +19,7 @@
 
 #include "bf16_linear_cases.hpp"
 #include "kernels/cpu/linear_bf16tile.hpp"
+#include "kernels/cpu/linear_quant_bf16tile.hpp"
 #include "kernels/cpu/variants.hpp"
 #include "kernels/cpu_features.hpp"
 #include "kernels/kernels.hpp"
@@ -172,8 +173,9 @@ TEST(LinearBf16Tile, AmxTablesHoldTheTileKernelsOnly) {
   EXPECT_EQ(amx.isa, Isa::amx);
   EXPECT_EQ(amx.precision, MatmulPrecision::medium);
   EXPECT_EQ(amx.linear[size_t(WeightFormat::bf16)], amx::linear_bf16_medium);
+  EXPECT_EQ(amx.linear[size_t(WeightFormat::fp8_block)], amx::linear_fp8_block_medium);
   for (int f = 0; f < kWeightFormatCount; ++f) {
-    if (f != int(WeightFormat::bf16)) {
+    if (f != int(WeightFormat::bf16) && f != int(WeightFormat::fp8_block)) {
       EXPECT_EQ(amx.linear[f], vdp.linear[f]) << f;
     }
   }

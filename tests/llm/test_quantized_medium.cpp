@@ -3,7 +3,7 @@
 // for highest, with the bf16 path's tolerance (every linear's input rounded to bf16: 3e-2 of the row's
 // largest logit) and greedy ids identical; medium must really differ from highest, and the AVX512-BF16 level
 // must give the reference level's logits (its quantized linears are bit-identical to the emulation; the
-// elementwise kernels differ in the last bits).
+// elementwise kernels differ in the last bits); where the CPU has AMX, the AMX level within the same bound.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -53,6 +53,23 @@ TEST(QuantizedMedium, TinyModelsMatchTransformers) {
     EXPECT_GT(apart, 1e-4) << dir << ": medium really rounded the activations";
     std::printf("%s: medium vs transformers f32 %.3g, medium vs highest %.3g (max |diff| / max |ref|)\n", dir,
                 worst, apart);
+    if (has_bf16 && kernels::isa_supported(kernels::detect_cpu_features(), kernels::Isa::amx)) {
+      // The AMX level (BF16 and FP8 linears in TDPBF16PS's order: linear_bf16tile.hpp,
+      // linear_quant_bf16tile.hpp): the same bound
+      Loaded tiles = load_medium(dir, "amx");
+      double tile_worst = 0;
+      for (const Prompt& p : load_expected(expected)) {
+        const int steps = static_cast<int>(p.greedy.size());
+        const ModelRun r = run_alone(*tiles.model, p.ids, steps);
+        EXPECT_EQ(r.greedy, p.greedy) << dir << " amx";
+        for (size_t t = 0; t < p.ids.size(); ++t)
+          tile_worst = std::max(tile_worst, row_error(r.prefill.data() + t * V, p.prefill.data() + t * V, V));
+        for (int s = 0; s < steps; ++s)
+          tile_worst = std::max(tile_worst, row_error(r.decode.data() + s * V, p.decode.data() + s * V, V));
+      }
+      EXPECT_LT(tile_worst, 3e-2) << dir << " amx";
+      std::printf("%s: amx medium vs transformers f32 %.3g\n", dir, tile_worst);
+    }
     if (!has_bf16) continue;
     Loaded emulated = load_medium(dir, "reference");
     const Prompt p = load_expected(expected).back();

@@ -1,13 +1,16 @@
 // The `medium` precision's oracle for block-quantized weights: plain loops over linear_quant_bf16dot.hpp's
-// arithmetic, lane by lane, with linear_bf16dot.hpp's emulation of VDPBF16PS. The AVX512-BF16 kernels must
+// arithmetic, lane by lane, with linear_bf16dot.hpp's emulation of VDPBF16PS (and, for FP8 at the AMX level,
+// linear_quant_bf16tile.hpp's: the same operands summed as TDPBF16PS does). The AVX512-BF16 kernels must
 // match it bit for bit; its decode of every code point is PackedWeight::row_to_f32's (PyTorch's), checked
 // against the PyTorch fixtures by the tests.
 #include <vector>
 
 #include "kernels/cpu/linear_bf16dot.hpp"
+#include "kernels/cpu/linear_bf16tile.hpp"
 #include "kernels/cpu/linear_lanes.hpp"
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/cpu/linear_quant_bf16dot.hpp"
+#include "kernels/cpu/linear_quant_bf16tile.hpp"
 #include "kernels/quant/block_scale.hpp"
 #include "xmoe/dtype.hpp"
 
@@ -61,7 +64,10 @@ void linear_nvfp4_medium(const LinearArgs& a) {
   }
 }
 
-void linear_fp8_block_medium(const LinearArgs& a) {
+// FP8 block medium's operands (linear_quant_bf16dot.hpp) in chunk order, each output summed by `row`.
+template <class Row>
+void fp8_block_medium_rows(const LinearArgs& a, const Row& row) {
+  static_assert(kBf16DotStep == kBf16TileStep, "both arithmetics take steps of 32 in chunk order");
   quant::check_linear_args(a, WeightFormat::fp8_block);
   const PackedWeight& w = *a.w;
   const int64_t k = w.cols, padded = (k + 63) / 64 * 64;
@@ -82,10 +88,18 @@ void linear_fp8_block_medium(const LinearArgs& a) {
         const int64_t p = element[q];
         xb[q] = p < k ? bf16::from_float(flush_denormal(a.x[i * a.ldx + p] * mult[p])) : 0;
       }
-      a.y[i * a.ldy + n] = bf16dot_row(xb.data(), wb.data(), padded / kBf16DotStep);
+      a.y[i * a.ldy + n] = row(xb.data(), wb.data(), padded / kBf16DotStep);
     }
   }
 }
+
+void linear_fp8_block_medium(const LinearArgs& a) {
+  fp8_block_medium_rows(a, bf16dot_row);
+}
+void linear_fp8_block_medium_tile(const LinearArgs& a) {
+  fp8_block_medium_rows(a, bf16tile_row);
+}
+
 void linear_mxfp4_medium(const LinearArgs& a) {
   quant::check_linear_args(a, WeightFormat::mxfp4);
   const PackedWeight& w = *a.w;
