@@ -4,6 +4,7 @@
 // (CpuFeatures::has_amx_bf16).
 #pragma once
 #include <cstdint>
+#include <utility>
 
 namespace xmoe::kernels::amx {
 
@@ -51,6 +52,16 @@ inline void store(void* base, int64_t stride) {
 template <int C, int A, int B>
 inline void dpbf16() {
   asm volatile("tdpbf16ps %%tmm%c0, %%tmm%c1, %%tmm%c2" ::"i"(B), "i"(A), "i"(C));
+}
+
+// f(integral_constant<int, I>) for I = 0..N-1: tile registers are template constants, so loops over them
+// unroll at compile time.
+template <int N, class F>
+inline void static_for(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    (f(std::integral_constant<int, I>{}), ...);
+  }
+  (std::make_integer_sequence<int, N>{});
 }
 
 }  // namespace xmoe::kernels::amx

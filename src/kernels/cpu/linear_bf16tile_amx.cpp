@@ -19,7 +19,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <utility>
 
 #include "kernels/cpu/amx_tiles.hpp"
 #include "kernels/cpu/bf16dot_lanes_avx512_bf16.hpp"
@@ -34,14 +33,6 @@ namespace {
 constexpr int64_t kTile = 16;        // outputs or x rows per tile side
 constexpr int64_t kTileWords = 256;  // one 16 × 64-byte tile in 32-bit words
 constexpr int64_t kBlockTiles = 8;   // x tiles per pass over the weights (128 rows; 512 KiB at k = 2048)
-
-template <int N, class F>
-inline void static_for(F&& f) {
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    (f(std::integral_constant<int, I>{}), ...);
-  }
-  (std::make_integer_sequence<int, N>{});
-}
 
 // x rows [0, h) (h ≤ 16) as B tiles, step s at out + s · 256 words: word [r][i] holds row i's pair r of the
 // step (k = 32 s + 2 r, + 1), rounded to bf16; rows past h and k past the end are zeros.

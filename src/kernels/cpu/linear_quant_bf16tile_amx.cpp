@@ -22,7 +22,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <utility>
 #include <vector>
 
 #include "kernels/cpu/amx_tiles.hpp"
@@ -49,14 +48,6 @@ constexpr int64_t kDecodeAhead = 3;
 constexpr int64_t kPrefetchChunks = 8;  // decode: chunks decoded ahead of the tile products
 constexpr int64_t kRowGroup = 32;       // prefill: x rows per group of A tiles
 constexpr int64_t kPanelRows = 128;  // prefill: weight rows decoded at a time (one block of FP8's 128 × 128)
-
-template <int N, class F>
-inline void static_for(F&& f) {
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    (f(std::integral_constant<int, I>{}), ...);
-  }
-  (std::make_integer_sequence<int, N>{});
-}
 
 // v[r] (r = 0..15, 16 dwords each) becomes its transpose: dword c of the new v[r] is dword r of the old v[c].
 // (maskz forms: GCC 12 warns that the unmasked ones start from an undefined register.)
