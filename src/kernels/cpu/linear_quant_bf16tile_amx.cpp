@@ -129,7 +129,8 @@ struct Fp8TileCall {
     const auto mask = static_cast<__mmask16>((1u << a.m) - 1);
     for (int64_t s = 0; s < steps; ++s) {
       __m512i v[16];
-      for (int i = 0; i < 16; ++i) v[i] = _mm512_load_si512(xq + i * ldq + s * 32);
+      for (int i = 0; i < 16; ++i)
+        v[i] = i < a.m ? _mm512_load_si512(xq + i * ldq + s * 32) : _mm512_setzero_si512();
       transpose16(v);
       for (int r = 0; r < 16; ++r) _mm512_mask_storeu_epi32(xb + (s * 16 + r) * a.m, mask, v[r]);
     }
@@ -222,7 +223,6 @@ struct Fp8TileCall {
         [&](auto c) { store<decltype(c)::value>(acc + decltype(c)::value * kTileWords, 64); });
   }
 
-  // xq's rows a.m..16 are zeros (linear_fp8_block_medium clears them once).
   void decode_rows(int64_t s0, int64_t s1, const float* mult, uint16_t* xq, uint32_t* xb, uint16_t* ring,
                    float* acc) const {
     pack_x(mult, 0, a.m, 0, xq);
@@ -280,11 +280,14 @@ void linear_fp8_block_medium(const LinearArgs& a) {
   const bool decode = a.m <= kDecodeRows;
   Buffer<uint16_t> xq_buffer, ring_buffer;
   Buffer<uint32_t> tiles_buffer;  // decode: the x B tiles; prefill: a piece's decoded weights
-  uint16_t* xq = xq_buffer.ensure(static_cast<size_t>((decode ? kTile : kRowGroup) * call.ldq));
+  uint16_t* xq = xq_buffer.ensure(static_cast<size_t>((decode ? a.m : kRowGroup) * call.ldq));
   uint32_t* tiles =
       tiles_buffer.ensure(static_cast<size_t>((decode ? 1 : kPanelRows / kTile) * call.steps * kTileWords));
   uint16_t* ring = ring_buffer.ensure(static_cast<size_t>((kDecodeAhead + 1) * 2 * 2 * kTileWords));
-  if (decode) call.pack_x(nullptr, 0, 0, 1, xq);  // every row zero; a.m of them are packed per block
+  if (decode)  // the first tile's first lines, on their way while x is scaled and packed
+    for (int64_t j = 0; j < std::min(kTile, a.n1 - a.n0); ++j)
+      for (int64_t c = 0; c < std::min(call.k, kPrefetchChunks * 64); c += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(call.row(a.n0 + j) + c), _MM_HINT_T0);
   TileConfig config = full_tiles();
   if (decode)  // the accumulator and x tiles as wide as the rows: a block's x tiles stay in L1
     for (const int t : {kDecodeC, kDecodeB, kDecodeB + 1}) config.colsb[t] = static_cast<uint16_t>(4 * a.m);
