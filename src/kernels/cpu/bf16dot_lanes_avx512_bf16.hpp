@@ -5,11 +5,21 @@
 
 #include <immintrin.h>
 
+#include <cstdint>
+
 #include "kernels/cpu/linear_reduce_avx512.hpp"
 
 namespace xmoe::kernels::avx512_bf16 {
 
 using lane_tree::reduce16;
+
+// Masks of the first `bytes` bytes of 64 and the first `lanes` dwords of 16.
+inline __mmask64 byte_mask(int64_t bytes) {
+  return bytes >= 64 ? ~__mmask64(0) : (__mmask64(1) << bytes) - 1;
+}
+inline __mmask16 lane_mask(int64_t lanes) {
+  return lanes >= 16 ? __mmask16(0xffff) : __mmask16((1u << lanes) - 1);
+}
 
 // 16 f32 -> bf16 bits exactly as bf16::from_float (nearest even; NaN made quiet), integer arithmetic only.
 // maskz forms: the unmasked intrinsics start from an undefined register, which GCC 12 warns about.

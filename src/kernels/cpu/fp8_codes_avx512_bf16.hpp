@@ -9,14 +9,12 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/bf16dot_lanes_avx512_bf16.hpp"
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/packed_weight.hpp"
 
 namespace xmoe::kernels::avx512_bf16 {
 
-inline __mmask64 byte_mask(int64_t bytes) {
-  return bytes >= 64 ? ~__mmask64(0) : (__mmask64(1) << bytes) - 1;
-}
 // FP8 chunk order: of each 64 elements, the even ones are step 0 and the odd ones step 1.
 struct Fp8Order {
   __m512i even, odd;
