@@ -29,6 +29,7 @@
 #include "kernels/cpu/linear_bf16tile.hpp"
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/cpu/linear_quant_bf16tile.hpp"
+#include "kernels/cpu/quant_tiles_amx.hpp"
 #include "util/buffer.hpp"
 
 namespace xmoe::kernels::amx {
@@ -39,60 +40,13 @@ using avx512_bf16::Fp8Decoder;
 using avx512_bf16::Fp8Order;
 using avx512_bf16::Fp8Scales;
 
-constexpr int64_t kTile = 16;        // outputs or x rows per tile side
-constexpr int64_t kTileWords = 256;  // one 16 × 64-byte tile in 32-bit words
 constexpr int64_t kDecodeRows = kFp8TileDecodeRows;
 // decode: tile registers of the accumulator, the two steps' weights and the two steps' x rows
 constexpr int kDecodeC = 0, kDecodeA = 1, kDecodeB = 3;
-constexpr int64_t kDecodeAhead = 3;
-constexpr int64_t kPrefetchChunks = 8;  // decode: chunks decoded ahead of the tile products
+constexpr int64_t kDecodeAhead = 3;     // decode: chunks decoded ahead of the tile products
+constexpr int64_t kPrefetchChunks = 8;  // decode: chunks of each row prefetched ahead
 constexpr int64_t kRowGroup = 32;       // prefill: x rows per group of A tiles
 constexpr int64_t kPanelRows = 128;  // prefill: weight rows decoded at a time (one block of FP8's 128 × 128)
-
-// v[r] (r = 0..15, 16 dwords each) becomes its transpose: dword c of the new v[r] is dword r of the old v[c].
-// (maskz forms: GCC 12 warns that the unmasked ones start from an undefined register.)
-inline void transpose16(__m512i v[16]) {
-  __m512i a[16], b[16];
-  for (int i = 0; i < 16; i += 2) {
-    a[i] = _mm512_maskz_unpacklo_epi32(0xffff, v[i], v[i + 1]);
-    a[i + 1] = _mm512_maskz_unpackhi_epi32(0xffff, v[i], v[i + 1]);
-  }
-  // b[4g + j]: rows 4g..4g+3 of column 4L + j in each 128-bit lane L
-  for (int g = 0; g < 4; ++g) {
-    b[4 * g + 0] = _mm512_maskz_unpacklo_epi64(0xff, a[4 * g], a[4 * g + 2]);
-    b[4 * g + 1] = _mm512_maskz_unpackhi_epi64(0xff, a[4 * g], a[4 * g + 2]);
-    b[4 * g + 2] = _mm512_maskz_unpacklo_epi64(0xff, a[4 * g + 1], a[4 * g + 3]);
-    b[4 * g + 3] = _mm512_maskz_unpackhi_epi64(0xff, a[4 * g + 1], a[4 * g + 3]);
-  }
-  for (int j = 0; j < 4; ++j) {
-    const __m512i lo02 = _mm512_maskz_shuffle_i32x4(0xffff, b[j], b[4 + j], 0x88),
-                  lo13 = _mm512_maskz_shuffle_i32x4(0xffff, b[j], b[4 + j], 0xDD);
-    const __m512i hi02 = _mm512_maskz_shuffle_i32x4(0xffff, b[8 + j], b[12 + j], 0x88),
-                  hi13 = _mm512_maskz_shuffle_i32x4(0xffff, b[8 + j], b[12 + j], 0xDD);
-    v[j] = _mm512_maskz_shuffle_i32x4(0xffff, lo02, hi02, 0x88);
-    v[8 + j] = _mm512_maskz_shuffle_i32x4(0xffff, lo02, hi02, 0xDD);
-    v[4 + j] = _mm512_maskz_shuffle_i32x4(0xffff, lo13, hi13, 0x88);
-    v[12 + j] = _mm512_maskz_shuffle_i32x4(0xffff, lo13, hi13, 0xDD);
-  }
-}
-
-// y[r, n] for the rows [0, rows) and outputs [n, n + cols) of an accumulator tile stored [output][x row],
-// `rows` floats per output.
-void store_transposed(const float* acc, int64_t rows, int64_t cols, float* y, int64_t ldy) {
-  const __m512i outputs =
-      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                         _mm512_set1_epi32(static_cast<int>(rows)));
-  const __mmask16 mask = cols == 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
-  for (int64_t r = 0; r < rows; ++r)
-    _mm512_mask_storeu_ps(y + r * ldy, mask,
-                          _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, outputs, acc + r, 4));
-}
-
-// y[r, n] for the rows [0, rows) and outputs [n, n + cols) of an accumulator tile stored [x row][output].
-void store_rows(const float* acc, int64_t rows, int64_t cols, float* y, int64_t ldy) {
-  const __mmask16 mask = cols == 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
-  for (int64_t r = 0; r < rows; ++r) _mm512_mask_storeu_ps(y + r * ldy, mask, _mm512_load_ps(acc + r * 16));
-}
 
 struct Fp8TileCall {
   const LinearArgs& a;
@@ -120,21 +74,6 @@ struct Fp8TileCall {
     for (int64_t i = 0; i < h; ++i)
       avx512_bf16::pack_fp8_x_row(order, a.x + (i0 + i) * a.ldx, k, mult, padded, xq + i * ldq, 32);
     for (int64_t i = h; i < tiles * kTile; ++i) std::memset(xq + i * ldq, 0, static_cast<size_t>(padded) * 2);
-  }
-
-  // Decode shape. The a.m scaled x rows at xq as B tiles a.m dwords wide, step s at xb + s · 16 · a.m
-  // words: word [r][i] holds row i's pair r of the step. One row is its own tile: xq as it is.
-  const uint32_t* x_tiles(const uint16_t* xq, uint32_t* xb) const {
-    if (a.m == 1) return reinterpret_cast<const uint32_t*>(xq);
-    const auto mask = static_cast<__mmask16>((1u << a.m) - 1);
-    for (int64_t s = 0; s < steps; ++s) {
-      __m512i v[16];
-      for (int i = 0; i < 16; ++i)
-        v[i] = i < a.m ? _mm512_load_si512(xq + i * ldq + s * 32) : _mm512_setzero_si512();
-      transpose16(v);
-      for (int r = 0; r < 16; ++r) _mm512_mask_storeu_epi32(xb + (s * 16 + r) * a.m, mask, v[r]);
-    }
-    return xb;
   }
 
   // Decode shape: outputs [n, n + rows) (rows ≤ 16) against the x B tiles (tile registers as
@@ -200,33 +139,10 @@ struct Fp8TileCall {
     return dec.clean();
   }
 
-  // Prefill shape: MT x-row tiles at xq (16 · ldq words apart) × NT output tiles of the panel (steps · 256
-  // words apart); accumulator (i, j) to acc + (i · NT + j) · 256 as [x row][output].
-  template <int MT, int NT>
-  void tile_block(const uint16_t* xq, const uint32_t* panel, float* acc) const {
-    constexpr int kA = MT * NT, kB = MT * NT + MT;
-    static_assert(kB + NT <= 8, "eight tile registers");
-    static_for<MT * NT>([](auto c) { zero<decltype(c)::value>(); });
-    for (int64_t s = 0; s < steps; ++s) {
-      static_for<NT>(
-          [&](auto j) { load<kB + decltype(j)::value>(panel + (j * steps + s) * kTileWords, 64); });
-      static_for<MT>([&](auto i) {
-        constexpr int I = decltype(i)::value;
-        load<kA + I>(xq + I * kTile * ldq + s * 32, ldq * 2);
-        static_for<NT>([&](auto j) {
-          constexpr int J = decltype(j)::value;
-          dpbf16<I * NT + J, kA + I, kB + J>();
-        });
-      });
-    }
-    static_for<MT * NT>(
-        [&](auto c) { store<decltype(c)::value>(acc + decltype(c)::value * kTileWords, 64); });
-  }
-
   void decode_rows(int64_t s0, int64_t s1, const float* mult, uint16_t* xq, uint32_t* xb, uint16_t* ring,
                    float* acc) const {
     pack_x(mult, 0, a.m, 0, xq);
-    const uint32_t* xt = x_tiles(xq, xb);
+    const uint32_t* xt = x_tiles(xq, ldq, a.m, steps, xb);
     for (int64_t n = s0; n < s1; n += kTile) {
       const int64_t rows = std::min(kTile, s1 - n);
       if (decode_tile(n, rows, xt, ring, acc))
@@ -247,24 +163,7 @@ struct Fp8TileCall {
     for (int64_t i0 = 0; i0 < a.m; i0 += kRowGroup) {
       const int64_t h = std::min(kRowGroup, a.m - i0), mt = (h + kTile - 1) / kTile;
       pack_x(mult, i0, h, mt, xq);
-      for (int64_t g = 0; g < groups; g += 2) {
-        const int64_t nt = std::min<int64_t>(2, groups - g);
-        const uint32_t* p = panel + g * steps * kTileWords;
-        if (mt == 2 && nt == 2)
-          tile_block<2, 2>(xq, p, acc);
-        else if (mt == 2)
-          tile_block<2, 1>(xq, p, acc);
-        else if (nt == 2)
-          tile_block<1, 2>(xq, p, acc);
-        else
-          tile_block<1, 1>(xq, p, acc);
-        for (int64_t i = 0; i < mt; ++i)
-          for (int64_t j = 0; j < nt; ++j) {
-            const int64_t n = s0 + (g + j) * kTile;
-            store_rows(acc + (i * nt + j) * kTileWords, std::min(kTile, h - i * kTile),
-                       std::min(kTile, s1 - n), a.y + (i0 + i * kTile) * a.ldy + n, a.ldy);
-          }
-      }
+      panel_rows(xq, ldq, panel, steps, s0, s1, h, a.y + i0 * a.ldy, a.ldy, 1.0f, acc);
     }
   }
 };
