@@ -67,8 +67,7 @@ std::vector<int64_t> panel_row_counts(WeightFormat f) {
   return {t - 1, t, t + 1, 130};
 }
 
-// The kernels for format f of every vector level this CPU has, each level's kernel once (the AMX level keeps
-// the AVX512-BF16 kernels of the FP4 formats); empty where it has no AVX512-BF16.
+// The kernels for format f of every vector level this CPU has; empty where it has no AVX512-BF16.
 std::vector<FastKernel> fast_kernels(WeightFormat f) {
   const CpuFeatures features = detect_cpu_features();
   std::vector<FastKernel> out;
@@ -78,17 +77,16 @@ std::vector<FastKernel> fast_kernels(WeightFormat f) {
                  kernel_table(Isa::avx512_bf16, features, MatmulPrecision::medium).linear[slot],
                  medium_reference().linear[slot], panel_row_counts(f), panel_row_counts(f)[2]});
   if (isa_supported(features, Isa::amx)) {
-    const LinearFn amx = kernel_table(Isa::amx, features, MatmulPrecision::medium).linear[slot];
-    if (amx != out[0].kernel) {
-      EXPECT_EQ(f, WeightFormat::fp8_block);
-      constexpr int64_t t = amx::kFp8TileDecodeRows;
-      out.push_back({"amx",
-                     Isa::amx,
-                     amx,
-                     reference::linear_fp8_block_medium_tile,
-                     {t, t + 1, 2 * t + 1, 130},
-                     2 * t + 1});
-    }
+    const bool fp8 = f == WeightFormat::fp8_block;
+    const int64_t t = fp8 ? amx::kFp8TileDecodeRows : amx::kFp4TileDecodeRows;
+    out.push_back({"amx",
+                   Isa::amx,
+                   kernel_table(Isa::amx, features, MatmulPrecision::medium).linear[slot],
+                   fp8                        ? reference::linear_fp8_block_medium_tile
+                   : f == WeightFormat::mxfp4 ? reference::linear_mxfp4_medium_tile
+                                              : reference::linear_nvfp4_medium_tile,
+                   {t, t + 1, 2 * t + 1, 130},
+                   2 * t + 1});
   }
   return out;
 }
@@ -129,9 +127,12 @@ TEST(QuantMedium, TableHasMediumQuantLinears) {
     for (const FastKernel& fast : fast_kernels(f)) EXPECT_NE(fast.kernel, fast.reference) << fast.level;
   }
   const CpuFeatures features = detect_cpu_features();
-  if (isa_supported(features, Isa::amx)) {  // FP8 on tiles: another arithmetic than the AVX512-BF16 level's
-    EXPECT_EQ(fast_kernels(WeightFormat::fp8_block).size(), 2u);
-  }
+  if (isa_supported(features, Isa::amx))  // on tiles: another arithmetic than the AVX512-BF16 level's
+    for (const WeightFormat f : {WeightFormat::fp8_block, WeightFormat::mxfp4, WeightFormat::nvfp4}) {
+      const std::vector<FastKernel> kernels = fast_kernels(f);
+      ASSERT_EQ(kernels.size(), 2u);
+      EXPECT_NE(kernels[1].kernel, kernels[0].kernel) << weight_format_name(f);
+    }
 }
 
 // Exact cases: weights quantized from values their format holds exactly, scales powers of two (E8M0, or the
@@ -387,8 +388,7 @@ TEST(QuantMedium, Fp8ScaledActivationsRoundAsTheInstruction) {
 // Scale codes the fast decode leaves to the reference (MXFP4 outside 2..252, NVFP4 0x7F), an NVFP4 global
 // scale ≥ 2^8 and E4M3 subnormal scales under denormals-are-zero: still the reference's bits.
 TEST(QuantMedium, Fp4ScaleEdgeCases) {
-  const KernelTable* fast = medium_fast();
-  if (fast == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  if (medium_fast() == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   std::mt19937 rng(21);
   const int64_t n = 10, k = 320;
   auto mx = quantize_mxfp4(random_values(static_cast<size_t>(n * k), rng).data(), n, k);
@@ -403,22 +403,23 @@ TEST(QuantMedium, Fp4ScaleEdgeCases) {
   nv_big.scales[static_cast<size_t>(5 * (k / 16) + 1)] = 0x30;
   nv_big.global_scale = 300.0f;
   for (const QuantizedMatrix* q : {&mx, &nv, &nv_big})
-    for (const int64_t m : {int64_t{1}, int64_t{4}, panel_row_counts(q->view().format)[2]}) {
-      const PackedWeight w = q->view();
-      const auto x = random_values(static_cast<size_t>(m * k), rng);
-      const auto want = run(medium_reference(), w, x, m, k, 0, n, n);
-      const std::string what = std::string(weight_format_name(w.format)) + " m=" + std::to_string(m);
-      if (q == &mx) {
-        for (int64_t i = 0; i < m; ++i) EXPECT_TRUE(std::isnan(want[i * n + 2])) << what;
+    for (const FastKernel& fast : fast_kernels(q->view().format))
+      for (const int64_t m : {int64_t{1}, int64_t{4}, fast.prefill_rows}) {
+        const PackedWeight w = q->view();
+        const auto x = random_values(static_cast<size_t>(m * k), rng);
+        const auto want = run(fast.reference, w, x, m, k, 0, n, n);
+        const std::string what = fast.level + " " + weight_format_name(w.format) + " m=" + std::to_string(m);
+        if (q == &mx) {
+          for (int64_t i = 0; i < m; ++i) EXPECT_TRUE(std::isnan(want[i * n + 2])) << what;
+        }
+        expect_same(run(fast.kernel, w, x, m, k, 0, n, n), want, what);
+        const unsigned csr = _mm_getcsr();
+        _mm_setcsr(csr | 0x40);  // DAZ
+        const auto want_daz = run(fast.reference, w, x, m, k, 0, n, n);
+        const auto got_daz = run(fast.kernel, w, x, m, k, 0, n, n);
+        _mm_setcsr(csr);
+        expect_same(got_daz, want_daz, what + " under DAZ");
       }
-      expect_same(run(*fast, w, x, m, k, 0, n, n), want, what);
-      const unsigned csr = _mm_getcsr();
-      _mm_setcsr(csr | 0x40);  // DAZ
-      const auto want_daz = run(medium_reference(), w, x, m, k, 0, n, n);
-      const auto got_daz = run(*fast, w, x, m, k, 0, n, n);
-      _mm_setcsr(csr);
-      expect_same(got_daz, want_daz, what + " under DAZ");
-    }
 }
 
 // MXFP4's register path accumulates in the scaled domain (powers of two between blocks), which is exact only
@@ -463,14 +464,22 @@ TEST(QuantMedium, Mxfp4ScaledDomainGuards) {
   for (int64_t p = 3; p < k; p += 13) x[static_cast<size_t>(4 * k + p)] = p % 2 == 0 ? 0x1p126f : -0x1p-64f;
   expect_same(run(*medium_fast(), w, x, m, k, 0, n, n), run(medium_reference(), w, x, m, k, 0, n, n),
               "mxfp4 guard codes in a panel batch");
+  // The AMX level scales the codes exactly as the panels do, at every row count.
+  for (const FastKernel& fast : fast_kernels(WeightFormat::mxfp4))
+    if (fast.isa == Isa::amx)
+      for (const int64_t rows : {int64_t{3}, fast.prefill_rows}) {
+        const std::vector<float> xr(x.begin(), x.begin() + std::min(rows, m) * k);
+        const int64_t r = std::min(rows, m);
+        expect_same(run(fast.kernel, w, xr, r, k, 0, n, n), run(fast.reference, w, xr, r, k, 0, n, n),
+                    "amx mxfp4 guard codes, m=" + std::to_string(r));
+      }
 }
 
 // The fast FP4 path decodes each row's scale codes 32 at a time (NVFP4: 512 columns, MXFP4: 1024) and checks
 // them once per tile: codes it leaves to the reference in a later group of a long row, in the last group's
 // tail, and negative NVFP4 scales (E4M3 sign bit set) must still give the reference's bits, in every row.
 TEST(QuantMedium, Fp4ScaleCodesInLaterGroups) {
-  const KernelTable* fast = medium_fast();
-  if (fast == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  if (medium_fast() == nullptr) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   std::mt19937 rng(23);
   const int64_t n = 9, k = 2112;
   auto mx = quantize_mxfp4(random_values(static_cast<size_t>(n * k), rng).data(), n, k);
@@ -481,19 +490,20 @@ TEST(QuantMedium, Fp4ScaleCodesInLaterGroups) {
   nv.scales[static_cast<size_t>(4 * (k / 16) + 131)] = 0xB8;  // negative, the k tail
   nv.scales[static_cast<size_t>(7 * (k / 16) + 100)] = 0xFF;  // NaN
   for (const QuantizedMatrix* q : {&mx, &nv})
-    for (const int64_t m : {int64_t{1}, int64_t{2}, int64_t{5}, panel_row_counts(q->view().format)[2]}) {
-      const PackedWeight w = q->view();
-      const auto x = random_values(static_cast<size_t>(m * k), rng);
-      const auto want = run(medium_reference(), w, x, m, k, 0, n, n);
-      const std::string what = std::string(weight_format_name(w.format)) + " m=" + std::to_string(m);
-      for (int64_t i = 0; i < m; ++i) {
-        EXPECT_TRUE(std::isnan(want[i * n + (q == &mx ? 1 : 7)])) << what;
-        EXPECT_FALSE(std::isnan(want[i * n])) << what;
+    for (const FastKernel& fast : fast_kernels(q->view().format))
+      for (const int64_t m : {int64_t{1}, int64_t{2}, int64_t{5}, fast.prefill_rows}) {
+        const PackedWeight w = q->view();
+        const auto x = random_values(static_cast<size_t>(m * k), rng);
+        const auto want = run(fast.reference, w, x, m, k, 0, n, n);
+        const std::string what = fast.level + " " + weight_format_name(w.format) + " m=" + std::to_string(m);
+        for (int64_t i = 0; i < m; ++i) {
+          EXPECT_TRUE(std::isnan(want[i * n + (q == &mx ? 1 : 7)])) << what;
+          EXPECT_FALSE(std::isnan(want[i * n])) << what;
+        }
+        expect_same(run(fast.kernel, w, x, m, k, 0, n, n), want, what);
+        expect_same(run(fast.kernel, w, x, m, k, 1, n - 1, n), run(fast.reference, w, x, m, k, 1, n - 1, n),
+                    what + " cols [1, n - 1)");
       }
-      expect_same(run(*fast, w, x, m, k, 0, n, n), want, what);
-      expect_same(run(*fast, w, x, m, k, 1, n - 1, n), run(medium_reference(), w, x, m, k, 1, n - 1, n),
-                  what + " cols [1, n - 1)");
-    }
 }
 
 // linear_forward splits the columns over the team in blocks of 8, so a panel group or a tile ends at a block

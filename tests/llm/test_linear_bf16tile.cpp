@@ -174,10 +174,10 @@ TEST(LinearBf16Tile, AmxTablesHoldTheTileKernelsOnly) {
   EXPECT_EQ(amx.precision, MatmulPrecision::medium);
   EXPECT_EQ(amx.linear[size_t(WeightFormat::bf16)], amx::linear_bf16_medium);
   EXPECT_EQ(amx.linear[size_t(WeightFormat::fp8_block)], amx::linear_fp8_block_medium);
-  for (int f = 0; f < kWeightFormatCount; ++f) {
-    if (f != int(WeightFormat::bf16) && f != int(WeightFormat::fp8_block)) {
-      EXPECT_EQ(amx.linear[f], vdp.linear[f]) << f;
-    }
+  EXPECT_EQ(amx.linear[size_t(WeightFormat::mxfp4)], amx::linear_mxfp4_medium);
+  EXPECT_EQ(amx.linear[size_t(WeightFormat::nvfp4)], amx::linear_nvfp4_medium);
+  for (const WeightFormat f : {WeightFormat::f32, WeightFormat::f16}) {
+    EXPECT_EQ(amx.linear[size_t(f)], vdp.linear[size_t(f)]) << weight_format_name(f);
   }
   EXPECT_EQ(amx.gemm_bf16, amx::gemm_bf16);
   EXPECT_EQ(amx.gemm_f32, vdp.gemm_f32);

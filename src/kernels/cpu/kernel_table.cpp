@@ -99,9 +99,11 @@ KernelTable with_medium_bf16(KernelTable t, LinearFn linear_bf16_medium) {
   return t;
 }
 
-// The AMX level's medium table: FP8 block weights on tiles too.
+// The AMX level's medium table: the block-quantized weights on tiles too.
 KernelTable with_amx_tiles(KernelTable t) {
   t.linear[size_t(WeightFormat::fp8_block)] = amx::linear_fp8_block_medium;
+  t.linear[size_t(WeightFormat::mxfp4)] = amx::linear_mxfp4_medium;
+  t.linear[size_t(WeightFormat::nvfp4)] = amx::linear_nvfp4_medium;
   return t;
 }
 
@@ -144,8 +146,8 @@ const KernelTable& kernel_table(Isa isa, const CpuFeatures& features, MatmulPrec
       with_medium_bf16(reference_kernel_table(), reference::linear_bf16_medium);
   static const KernelTable avx512_bf16_medium =
       with_medium_bf16(make_avx512_bf16(), avx512_bf16::linear_bf16_medium);
-  // AMX: BF16 and FP8 block linears in TDPBF16PS's arithmetic (linear_bf16tile.hpp,
-  // linear_quant_bf16tile.hpp); the FP4 formats' medium kernels stay VDPBF16PS's.
+  // AMX: BF16 and block-quantized linears in TDPBF16PS's arithmetic (linear_bf16tile.hpp,
+  // linear_quant_bf16tile.hpp).
   static const KernelTable amx_medium = with_amx_tiles(with_medium_bf16(make_amx(), amx::linear_bf16_medium));
   switch (highest.isa) {
     case Isa::reference:
