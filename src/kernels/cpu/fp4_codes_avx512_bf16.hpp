@@ -152,22 +152,23 @@ struct Fp4Scales {
   }
 };
 
-// MXFP4 rows [n, n + rows) as bf16 weights (E2M1 value · 2^(code - 127), exact) in chunk order, row j at
-// panel + j · ldp (ldp: k padded to 128; codes past k read as zeros); false when a scale code outside 2..252
-// was met.
-inline bool mxfp4_decode_rows(const PackedWeight& w, int64_t n, int64_t rows, uint16_t* panel, int64_t ldp) {
+// MXFP4 rows [n, n + rows) as bf16 weights (E2M1 value · 2^(code - 127), exact) in chunk order, columns
+// [c0, min(k, c1)) (c0 a multiple of 128; the last chunk whole) of row j at panel + j · ldp + (c - c0) (ldp:
+// the chunks' words at least; codes past k read as zeros); false when a scale code outside 2..252 was met.
+inline bool mxfp4_decode_range(const PackedWeight& w, int64_t n, int64_t rows, uint16_t* panel, int64_t ldp,
+                               int64_t c0, int64_t c1) {
   using Scales = Fp4Scales<false>;
   constexpr int64_t kGroup = 128 * Scales::kGroupChunks;
-  const int64_t k = w.cols;
+  const int64_t k = w.cols, end = std::min(k, c1);
   const __m512i table = e2m1_bf16_table();
   Scales scales{_mm512_setzero_ps()};
   for (int64_t j = 0; j < rows; ++j) {
     const auto* row = reinterpret_cast<const uint8_t*>(w.data) + (n + j) * w.row_bytes;
     const auto* codes = reinterpret_cast<const uint8_t*>(w.scales) + (n + j) * w.scale_row_stride;
     __m512i words = _mm512_setzero_si512(), index = Scales::full_first_index();
-    for (int64_t c = 0; c < k; c += 128, index = Scales::next_index(index)) {
+    for (int64_t c = c0; c < end; c += 128, index = Scales::next_index(index)) {
       const int64_t left = k - c;
-      if (c % kGroup == 0) {  // the next 32 scale codes, as fp4_tile takes them
+      if ((c - c0) % kGroup == 0) {  // the next 32 scale codes, as fp4_tile takes them
         words = scales.words(codes + c / Scales::kBlock, left / Scales::kBlock);
         index = Scales::full_first_index();
       }
@@ -176,7 +177,7 @@ inline bool mxfp4_decode_rows(const PackedWeight& w, int64_t n, int64_t rows, ui
       const __m512i change = Scales::exponent_change(words, index);
       for (int s = 0; s < 4; ++s)
         _mm512_store_si512(
-            panel + j * ldp + c + 32 * s,
+            panel + j * ldp + (c - c0) + 32 * s,
             (__m512i)Scales::scaled(
                 _mm512_permutexvar_epi16(s == 0 ? raw : _mm512_srli_epi16(raw, static_cast<unsigned>(4 * s)),
                                          table),
@@ -184,6 +185,10 @@ inline bool mxfp4_decode_rows(const PackedWeight& w, int64_t n, int64_t rows, ui
     }
   }
   return scales.clean(2, 252);
+}
+// All columns: row j at panel + j · ldp (ldp: k padded to 128).
+inline bool mxfp4_decode_rows(const PackedWeight& w, int64_t n, int64_t rows, uint16_t* panel, int64_t ldp) {
+  return mxfp4_decode_range(w, n, rows, panel, ldp, 0, w.cols);
 }
 
 }  // namespace xmoe::kernels::avx512_bf16

@@ -30,17 +30,19 @@ namespace {
 constexpr int64_t kDecodeRows = kFp4TileDecodeRows;
 // decode: tile registers of the accumulator, the two parities' weights and the two parities' x rows
 constexpr int kDecodeC = 0, kDecodeA = 1, kDecodeB = 3;
-constexpr int64_t kRowGroup = 32;    // prefill: x rows per group of A tiles
-constexpr int64_t kPanelRows = 128;  // prefill: weight rows decoded at a time
+constexpr int64_t kGroupChunks = 2;     // decode: chunks of 128 columns decoded together
+constexpr int64_t kAheadGroups = 1;     // decode: groups decoded ahead of the tile products
+constexpr int64_t kPrefetchGroups = 4;  // decode: groups of each row prefetched ahead
+constexpr int64_t kRowGroup = 32;       // prefill: x rows per group of A tiles
+constexpr int64_t kPanelRows = 128;     // prefill: weight rows decoded at a time
 
 template <bool NV>
 struct Fp4TileCall {
   const LinearArgs& a;
   int64_t k, padded, steps;
-  int64_t ld;                   // words between rows of the packed x and of the decoded weights
-  float post;                   // NVFP4's global scale; 1 for MXFP4
-  LinearFn fallback;            // the scalar reference of the format
-  alignas(64) float e4m3[256];  // NVFP4: each scale code's E4M3 value
+  int64_t ld;         // words between rows of the packed x and of the decoded weights
+  float post;         // NVFP4's global scale; 1 for MXFP4
+  LinearFn fallback;  // the scalar reference of the format
 
   explicit Fp4TileCall(const LinearArgs& args)
       : a(args),
@@ -49,88 +51,126 @@ struct Fp4TileCall {
         steps(padded / kBf16TileStep),
         ld(padded + 32),
         post(NV ? args.w->global_scale : 1.0f),
-        fallback(NV ? reference::linear_nvfp4_medium_tile : reference::linear_mxfp4_medium_tile) {
-    if constexpr (NV) {
-      PackedWeight unit = *args.w;  // the table of the block multipliers without the global scale
-      unit.global_scale = 1.0f;
-      quant::fill_scale_table(unit, e4m3);
-    }
-  }
+        fallback(NV ? reference::linear_nvfp4_medium_tile : reference::linear_mxfp4_medium_tile) {}
 
-  // NVFP4 rows [n, n + rows) as bf16 weights (E2M1 value · E4M3 scale) in chunk order, row j at panel + j ·
-  // ld; zeros past k. Word w of a step belongs to the chunk's scale block w / 4.
-  void nvfp4_decode_rows(int64_t n, int64_t rows, uint16_t* panel) const {
+  // NVFP4 rows [n, n + rows) as bf16 weights (E2M1 value · E4M3 scale) in chunk order, columns [c0, c1) of
+  // row j at panel + j · ldp + (c - c0); zeros past k; false when a NaN scale code was met. Word w of a step
+  // (bits 4s.. of word w of the chunk's 64 bytes) belongs to the chunk's scale block w / 4. Both factors are
+  // made f32 in registers — the code's value by VPERMPS from its nibble, the scale by integer operations
+  // (a subnormal E4M3 through an int-to-float conversion, so no f32 subnormal is involved) — and their
+  // product, exact, is rounded to bf16 without loss.
+  bool nvfp4_decode_rows(int64_t n, int64_t rows, uint16_t* panel, int64_t ldp, int64_t c0,
+                         int64_t c1) const {
     const PackedWeight& w = *a.w;
-    const __m512i table = avx512_bf16::e2m1_bf16_table();
+    const __m512 values = _mm512_set_ps(-6.0f, -4.0f, -3.0f, -2.0f, -1.5f, -1.0f, -0.5f, -0.0f, 6.0f, 4.0f,
+                                        3.0f, 2.0f, 1.5f, 1.0f, 0.5f, 0.0f);
     const __m512i lo_blocks = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     const __m512i hi_blocks = _mm512_add_epi32(lo_blocks, _mm512_set1_epi32(4));
     alignas(64) uint16_t first[32];  // step 0's element of each word
     for (int word = 0; word < 32; ++word)
       first[word] = static_cast<uint16_t>(8 * (word / 2) + 4 * (word % 2));
     const __m512i elements = _mm512_load_si512(first);
+    __m128i highest = _mm_setzero_si128();  // the largest scale magnitude code (0x7F: NaN)
     for (int64_t j = 0; j < rows; ++j) {
       const auto* row = reinterpret_cast<const uint8_t*>(w.data) + (n + j) * w.row_bytes;
       const auto* codes = reinterpret_cast<const uint8_t*>(w.scales) + (n + j) * w.scale_row_stride;
-      uint16_t* out = panel + j * ld;
-      for (int64_t c = 0; c < padded; c += kFp4Bf16DotChunk) {
+      uint16_t* out = panel + j * ldp;
+      for (int64_t c = c0; c < c1; c += kFp4Bf16DotChunk) {
         const int64_t left = k - c;
         const __m512i raw =
             left >= 128 ? _mm512_loadu_si512(row + c / 2)
                         : _mm512_maskz_loadu_epi8(avx512_bf16::byte_mask((left + 1) / 2), row + c / 2);
         const int64_t blocks = std::min<int64_t>(8, (left + 15) / 16);
-        const __mmask16 live = static_cast<__mmask16>((1u << blocks) - 1);
-        const __m512i index = _mm512_maskz_cvtepu8_epi32(0xffff, _mm_maskz_loadu_epi8(live, codes + c / 16));
-        const __m512 scale = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, index, e4m3, 4);
+        const __m128i code8 =
+            _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << blocks) - 1), codes + c / 16);
+        highest = _mm_max_epu8(highest, _mm_and_si128(code8, _mm_set1_epi8(0x7F)));
+        const __m512i code = _mm512_maskz_cvtepu8_epi32(0xffff, code8);
+        const __m512i mag = _mm512_and_si512(code, _mm512_set1_epi32(0x7F));
+        // normal: exponent e + 120, mantissa m; subnormal (e = 0): m · 2^-9
+        const __m512i normal =
+            _mm512_add_epi32(_mm512_maskz_slli_epi32(0xffff, mag, 20), _mm512_set1_epi32(120 << 23));
+        __m512 scale = _mm512_mask_mul_ps(_mm512_castsi512_ps(normal),
+                                          _mm512_testn_epi32_mask(mag, _mm512_set1_epi32(0x78)),
+                                          _mm512_maskz_cvtepi32_ps(0xffff, mag), _mm512_set1_ps(0x1p-9f));
+        scale = _mm512_castsi512_ps(_mm512_or_si512(
+            _mm512_castps_si512(scale),
+            _mm512_maskz_slli_epi32(0xffff, _mm512_and_si512(code, _mm512_set1_epi32(0x80)), 24)));
         const __m512 lo_scale = _mm512_maskz_permutexvar_ps(0xffff, lo_blocks, scale),
                      hi_scale = _mm512_maskz_permutexvar_ps(0xffff, hi_blocks, scale);
+        const __m512i lo_words =
+                          _mm512_maskz_cvtepu16_epi32(0xffff, _mm512_maskz_extracti64x4_epi64(0xf, raw, 0)),
+                      hi_words =
+                          _mm512_maskz_cvtepu16_epi32(0xffff, _mm512_maskz_extracti64x4_epi64(0xf, raw, 1));
         for (int s = 0; s < 4; ++s) {
-          const __m512i nibbles = s == 0 ? raw : _mm512_srli_epi16(raw, static_cast<unsigned>(4 * s));
-          const __m512i words = _mm512_permutexvar_epi16(nibbles, table);
-          const __m512 lo = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(
-              0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, _mm512_maskz_extracti64x4_epi64(0xf, words, 0)),
-              16));
-          const __m512 hi = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(
-              0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, _mm512_maskz_extracti64x4_epi64(0xf, words, 1)),
-              16));
+          const auto shift = static_cast<unsigned>(4 * s);
+          const __m512 lo =
+              _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, lo_words, shift), values);
+          const __m512 hi =
+              _mm512_maskz_permutexvar_ps(0xffff, _mm512_maskz_srli_epi32(0xffff, hi_words, shift), values);
           __m512i v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, hi_scale), _mm512_mul_ps(lo, lo_scale));
-          if (left < 128)  // zeros past k (a NaN scale times a padding code is no zero)
+          if (left < 128)  // zeros past k
             v = _mm512_maskz_mov_epi16(
                 _mm512_cmplt_epu16_mask(_mm512_add_epi16(elements, _mm512_set1_epi16(static_cast<short>(s))),
                                         _mm512_set1_epi16(static_cast<short>(left))),
                 v);
-          _mm512_store_si512(out + c + 32 * s, v);
+          _mm512_store_si512(out + (c - c0) + 32 * s, v);
         }
       }
     }
+    return _mm_cmpeq_epi8_mask(highest, _mm_set1_epi8(0x7F)) == 0;
   }
 
-  // Rows [n, n + rows) decoded at panel + j · ld; false where a code is left to the reference.
-  bool decode(int64_t n, int64_t rows, uint16_t* panel) const {
+  // Rows [n, n + rows), columns [c0, c1) (whole chunks), decoded at panel + j · ldp + (c - c0); false where
+  // a code is left to the reference.
+  bool decode(int64_t n, int64_t rows, uint16_t* panel, int64_t ldp, int64_t c0, int64_t c1) const {
     if constexpr (NV) {
-      nvfp4_decode_rows(n, rows, panel);
-      return true;
+      return nvfp4_decode_rows(n, rows, panel, ldp, c0, c1);
     } else {
-      return avx512_bf16::mxfp4_decode_rows(*a.w, n, rows, panel, ld);
+      return avx512_bf16::mxfp4_decode_range(*a.w, n, rows, panel, ldp, c0, c1);
     }
   }
 
   // Decode shape: every 16 weight rows against the x B tiles (tile registers as the caller configured them).
-  void decode_shape(const uint32_t* xb, uint16_t* panels, float* acc) const {
-    for (int64_t n = a.n0, t = 0; n < a.n1; n += kTile, ++t) {
+  // Rows are decoded kGroupChunks chunks at a time into a ring of kAheadGroups + 1 slots (A tiles of 16 rows
+  // kGroupChunks · 256 bytes apart) that stays in L1, a group kAheadGroups before its tiles are loaded (a
+  // tile load waits for the older stores to its lines); the rows' lines kPrefetchGroups groups on are
+  // prefetched, past a tile's end the next tile's.
+  void decode_shape(const uint32_t* xb, uint16_t* ring, float* acc) const {
+    constexpr int64_t kGroupWords = kGroupChunks * kFp4Bf16DotChunk, kSlot = kTile * kGroupWords;
+    const int64_t groups = (padded + kGroupWords - 1) / kGroupWords, rb = a.w->row_bytes;
+    for (int64_t n = a.n0; n < a.n1; n += kTile) {
       const int64_t rows = std::min(kTile, a.n1 - n);
-      uint16_t* p = panels + (t & 1) * kTile * ld;
-      if (!decode(n, rows, p)) {
+      const auto* base = reinterpret_cast<const uint8_t*>(a.w->data) + n * rb;
+      const bool next = n + kTile + rows <= a.w->rows;
+      bool clean = true;
+      zero<kDecodeC>();
+      for (int64_t u = 0; u < groups + kAheadGroups; ++u) {
+        if (u < groups) {
+          const int64_t c0 = u * kGroupWords, pb = (c0 + kPrefetchGroups * kGroupWords) / 2;
+          const uint8_t* ahead = pb < rb ? base + pb : next ? base + kTile * rb + (pb - padded / 2) : nullptr;
+          if (ahead != nullptr)
+            for (int64_t j = 0; j < rows; ++j)
+              for (int64_t line = 0; line < kGroupChunks; ++line)
+                _mm_prefetch(reinterpret_cast<const char*>(ahead + j * rb + 64 * line), _MM_HINT_T0);
+          clean &= decode(n, rows, ring + u % (kAheadGroups + 1) * kSlot, kGroupWords, c0,
+                          std::min(padded, c0 + kGroupWords));
+        }
+        if (u < kAheadGroups) continue;
+        const int64_t v = u - kAheadGroups, s0 = v * kGroupWords / 32,
+                      s1 = std::min(steps, s0 + kGroupWords / 32);
+        const uint16_t* slot = ring + v % (kAheadGroups + 1) * kSlot;
+        for (int64_t s = s0; s < s1; s += 2)
+          static_for<2>([&](auto parity) {
+            constexpr int S = decltype(parity)::value;
+            load<kDecodeA + S>(slot + (s - s0 + S) * 32, kGroupWords * 2);
+            load<kDecodeB + S>(xb + (s + S) * 16 * a.m, 4 * a.m);
+            dpbf16<kDecodeC, kDecodeA + S, kDecodeB + S>();
+          });
+      }
+      if (!clean) {
         quant::reference_part(a, fallback, 0, a.m, n, rows);
         continue;
       }
-      zero<kDecodeC>();
-      for (int64_t s = 0; s < steps; s += 2)
-        static_for<2>([&](auto parity) {
-          constexpr int S = decltype(parity)::value;
-          load<kDecodeA + S>(p + (s + S) * 32, ld * 2);
-          load<kDecodeB + S>(xb + (s + S) * 16 * a.m, 4 * a.m);
-          dpbf16<kDecodeC, kDecodeA + S, kDecodeB + S>();
-        });
       store<kDecodeC>(acc, 4 * a.m);
       store_transposed(acc, a.m, rows, a.y + n, a.ldy, post);
     }
@@ -144,7 +184,7 @@ struct Fp4TileCall {
       bool clean = true;
       for (int64_t n = p0, g = 0; n < p1; n += kTile, ++g) {
         const int64_t rows = std::min(kTile, p1 - n);
-        clean = clean && decode(n, rows, rows16);
+        clean = clean && decode(n, rows, rows16, ld, 0, padded);
         if (!clean) break;
         for (int64_t s = 0; s < steps; ++s) {
           __m512i v[16];
@@ -182,7 +222,8 @@ void fp4_tile_linear(const LinearArgs& a) {
     avx512_bf16::pack_fp4_x_row(order, a.x + i * a.ldx, call.k, call.padded, xq + i * call.ld, 32);
   for (int64_t i = a.m; i < x_rows; ++i)
     std::memset(xq + i * call.ld, 0, static_cast<size_t>(call.padded) * 2);
-  uint16_t* rows = rows_buffer.ensure(static_cast<size_t>((decode ? 2 : 1) * kTile * call.ld));
+  uint16_t* rows = rows_buffer.ensure(static_cast<size_t>(
+      decode ? (kAheadGroups + 1) * kTile * kGroupChunks * kFp4Bf16DotChunk : kTile * call.ld));
   uint32_t* tiles =
       tiles_buffer.ensure(static_cast<size_t>((decode ? 1 : kPanelRows / kTile) * call.steps * kTileWords));
   alignas(64) float acc[4 * kTileWords];
