@@ -67,7 +67,8 @@ std::vector<int64_t> panel_row_counts(WeightFormat f) {
   return {t - 1, t, t + 1, 130};
 }
 
-// The kernels for format f of every vector level this CPU has; empty where it has no AVX512-BF16.
+// The kernels for format f of every vector level this CPU has, each once (the AMX level keeps the
+// AVX512-BF16 kernel of NVFP4); empty where it has no AVX512-BF16.
 std::vector<FastKernel> fast_kernels(WeightFormat f) {
   const CpuFeatures features = detect_cpu_features();
   std::vector<FastKernel> out;
@@ -76,23 +77,20 @@ std::vector<FastKernel> fast_kernels(WeightFormat f) {
   out.push_back({"avx512_bf16", Isa::avx512_bf16,
                  kernel_table(Isa::avx512_bf16, features, MatmulPrecision::medium).linear[slot],
                  medium_reference().linear[slot], panel_row_counts(f), panel_row_counts(f)[2]});
-  if (isa_supported(features, Isa::amx)) {
+  if (isa_supported(features, Isa::amx) && f != WeightFormat::nvfp4) {
     const bool fp8 = f == WeightFormat::fp8_block;
-    const int64_t t = fp8 ? amx::kFp8TileDecodeRows : amx::kFp4TileDecodeRows;
+    const int64_t t = fp8 ? amx::kFp8TileDecodeRows : amx::kMxfp4TileDecodeRows;
     out.push_back({"amx",
                    Isa::amx,
                    kernel_table(Isa::amx, features, MatmulPrecision::medium).linear[slot],
-                   fp8                        ? reference::linear_fp8_block_medium_tile
-                   : f == WeightFormat::mxfp4 ? reference::linear_mxfp4_medium_tile
-                                              : reference::linear_nvfp4_medium_tile,
+                   fp8 ? reference::linear_fp8_block_medium_tile : reference::linear_mxfp4_medium_tile,
                    {t, t + 1, 2 * t + 1, 130},
                    2 * t + 1});
   }
   return out;
 }
 
-// The AVX512-BF16 medium table (the FP4 formats' kernels at both vector levels), or null where this CPU
-// lacks the instruction.
+// The AVX512-BF16 medium table, or null where this CPU lacks the instruction.
 const KernelTable* medium_fast() {
   const CpuFeatures f = detect_cpu_features();
   if (!isa_supported(f, Isa::avx512_bf16)) return nullptr;
@@ -127,12 +125,15 @@ TEST(QuantMedium, TableHasMediumQuantLinears) {
     for (const FastKernel& fast : fast_kernels(f)) EXPECT_NE(fast.kernel, fast.reference) << fast.level;
   }
   const CpuFeatures features = detect_cpu_features();
-  if (isa_supported(features, Isa::amx))  // on tiles: another arithmetic than the AVX512-BF16 level's
-    for (const WeightFormat f : {WeightFormat::fp8_block, WeightFormat::mxfp4, WeightFormat::nvfp4}) {
+  if (isa_supported(features, Isa::amx)) {  // on tiles: another arithmetic than the AVX512-BF16 level's
+    for (const WeightFormat f : {WeightFormat::fp8_block, WeightFormat::mxfp4}) {
       const std::vector<FastKernel> kernels = fast_kernels(f);
       ASSERT_EQ(kernels.size(), 2u);
       EXPECT_NE(kernels[1].kernel, kernels[0].kernel) << weight_format_name(f);
     }
+    EXPECT_EQ(kernel_table(Isa::amx, features, MatmulPrecision::medium).linear[int(WeightFormat::nvfp4)],
+              fast_kernels(WeightFormat::nvfp4).at(0).kernel);
+  }
 }
 
 // Exact cases: weights quantized from values their format holds exactly, scales powers of two (E8M0, or the

@@ -99,11 +99,11 @@ KernelTable with_medium_bf16(KernelTable t, LinearFn linear_bf16_medium) {
   return t;
 }
 
-// The AMX level's medium table: the block-quantized weights on tiles too.
+// The AMX level's medium table: FP8 and MXFP4 weights on tiles too (NVFP4 keeps VDPBF16PS's kernel:
+// linear_mxfp4_bf16tile_amx.cpp says why).
 KernelTable with_amx_tiles(KernelTable t) {
   t.linear[size_t(WeightFormat::fp8_block)] = amx::linear_fp8_block_medium;
   t.linear[size_t(WeightFormat::mxfp4)] = amx::linear_mxfp4_medium;
-  t.linear[size_t(WeightFormat::nvfp4)] = amx::linear_nvfp4_medium;
   return t;
 }
 
@@ -146,7 +146,7 @@ const KernelTable& kernel_table(Isa isa, const CpuFeatures& features, MatmulPrec
       with_medium_bf16(reference_kernel_table(), reference::linear_bf16_medium);
   static const KernelTable avx512_bf16_medium =
       with_medium_bf16(make_avx512_bf16(), avx512_bf16::linear_bf16_medium);
-  // AMX: BF16 and block-quantized linears in TDPBF16PS's arithmetic (linear_bf16tile.hpp,
+  // AMX: BF16, FP8 and MXFP4 linears in TDPBF16PS's arithmetic (linear_bf16tile.hpp,
   // linear_quant_bf16tile.hpp).
   static const KernelTable amx_medium = with_amx_tiles(with_medium_bf16(make_amx(), amx::linear_bf16_medium));
   switch (highest.isa) {

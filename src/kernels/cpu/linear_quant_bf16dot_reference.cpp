@@ -137,34 +137,4 @@ void linear_mxfp4_medium_tile(const LinearArgs& a) {
   mxfp4_medium_rows(a, bf16tile_row);
 }
 
-void linear_nvfp4_medium_tile(const LinearArgs& a) {
-  quant::check_linear_args(a, WeightFormat::nvfp4);
-  const PackedWeight& w = *a.w;
-  const int64_t k = w.cols, padded = (k + kFp4Bf16DotChunk - 1) / kFp4Bf16DotChunk * kFp4Bf16DotChunk;
-  const std::vector<int64_t> element = chunk_order(padded, kFp4Bf16DotChunk);
-  std::vector<uint16_t> wb(static_cast<size_t>(padded)), xb(wb.size());
-  for (int64_t n = a.n0; n < a.n1; ++n) {
-    for (int64_t q = 0; q < padded; ++q) {
-      const int64_t p = element[q];
-      if (p >= k) {
-        wb[q] = 0;
-        continue;
-      }
-      const uint8_t byte = static_cast<uint8_t>(w.data[n * w.row_bytes + p / 2]);
-      const auto scale =
-          static_cast<uint8_t>(w.scales[n / w.block_rows * w.scale_row_stride + p / w.block_cols]);
-      // exact: an E2M1 value (2 significant bits) times an E4M3 one (4) is a normal bf16, zero or NaN
-      wb[q] = bf16::from_float(quant::e2m1_to_f32(p % 2 == 0 ? byte & 0xF : byte >> 4) *
-                               quant::e4m3_to_f32(scale));
-    }
-    for (int64_t i = 0; i < a.m; ++i) {
-      for (int64_t q = 0; q < padded; ++q) {
-        const int64_t p = element[q];
-        xb[q] = p < k ? bf16::from_float(a.x[i * a.ldx + p]) : 0;
-      }
-      a.y[i * a.ldy + n] = bf16tile_row(xb.data(), wb.data(), padded / kBf16TileStep) * w.global_scale;
-    }
-  }
-}
-
 }  // namespace xmoe::kernels::reference

@@ -10,11 +10,8 @@
 //  * MXFP4: linear_quant_bf16dot.hpp's MXFP4 operands — each weight bf16(E2M1 value · 2^(code - 127)),
 //    exact for scale codes 2..252; each activation rounded to bf16 — in FP4 chunk order (k padded to a
 //    multiple of 128; in each chunk, step s's word 2l + h holds element 8·l + 4·h + s).
-//  * NVFP4: each weight bf16(E2M1 value · E4M3 block scale) — exact, at most 6 significant bits and within
-//    bf16's normal range (NaN for a NaN scale code) — and each activation rounded to bf16, in FP4 chunk
-//    order; the sum is then multiplied by the global scale (one f32 product, nearest even).
-// So at one level the VDPBF16PS and TDPBF16PS kernels take the same operands for FP8 and MXFP4 and differ in
-// the summation order; NVFP4's block scale moves from the partial sums into the weights.
+// So the VDPBF16PS and TDPBF16PS kernels take the same operands and differ in the summation order. NVFP4 has
+// no tile kernel (linear_mxfp4_bf16tile_amx.cpp says why): the AMX level keeps VDPBF16PS's for it.
 #pragma once
 
 #include <cstdint>
@@ -26,14 +23,12 @@ namespace xmoe::kernels {
 namespace reference {
 void linear_fp8_block_medium_tile(const LinearArgs& args);
 void linear_mxfp4_medium_tile(const LinearArgs& args);
-void linear_nvfp4_medium_tile(const LinearArgs& args);
 }  // namespace reference
 namespace amx {
 inline constexpr int64_t kFp8TileDecodeRows = 16;  // up to this many x rows the weights are the A operand
 void linear_fp8_block_medium(const LinearArgs& args);
-inline constexpr int64_t kFp4TileDecodeRows = 16;  // likewise for MXFP4 and NVFP4
+inline constexpr int64_t kMxfp4TileDecodeRows = 16;  // likewise for MXFP4
 void linear_mxfp4_medium(const LinearArgs& args);
-void linear_nvfp4_medium(const LinearArgs& args);
 }  // namespace amx
 
 }  // namespace xmoe::kernels

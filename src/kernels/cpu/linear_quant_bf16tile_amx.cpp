@@ -35,7 +35,6 @@
 namespace xmoe::kernels::amx {
 namespace {
 
-using avx512_bf16::byte_mask;
 using avx512_bf16::Fp8Decoder;
 using avx512_bf16::Fp8Order;
 using avx512_bf16::Fp8Scales;
@@ -55,7 +54,7 @@ struct Fp8TileCall {
   const Fp8Order order;
   const Fp8Scales scales;
 
-  Fp8TileCall(const LinearArgs& args)
+  explicit Fp8TileCall(const LinearArgs& args)
       : a(args),
         k(args.w->cols),
         padded((k + 63) / 64 * 64),
@@ -77,8 +76,8 @@ struct Fp8TileCall {
   }
 
   // Decode shape: outputs [n, n + rows) (rows ≤ 16) against the x B tiles (tile registers as
-  // decode_config sets them); accumulator [output][x row] to acc, a.m floats per output. `ring`:
-  // kDecodeAhead + 1 chunks' pairs of A tiles, rows at 64 bytes. False on a NaN code.
+  // linear_fp8_block_medium configures them); accumulator [output][x row] to acc, a.m floats per output.
+  // `ring`: kDecodeAhead + 1 chunks' pairs of A tiles, rows at 64 bytes. False on a NaN code.
   bool decode_tile(int64_t n, int64_t rows, const uint32_t* xb, uint16_t* ring, float* acc) const {
     constexpr int64_t kTileHalf = 2 * kTileWords;  // one A tile in 16-bit words
     const int64_t chunks = padded / 64, rb = a.w->row_bytes;
@@ -163,7 +162,7 @@ struct Fp8TileCall {
     for (int64_t i0 = 0; i0 < a.m; i0 += kRowGroup) {
       const int64_t h = std::min(kRowGroup, a.m - i0), mt = (h + kTile - 1) / kTile;
       pack_x(mult, i0, h, mt, xq);
-      panel_rows(xq, ldq, panel, steps, s0, s1, h, a.y + i0 * a.ldy, a.ldy, 1.0f, acc);
+      panel_rows(xq, ldq, panel, steps, s0, s1, h, a.y + i0 * a.ldy, a.ldy, acc);
     }
   }
 };

@@ -44,30 +44,21 @@ inline void transpose16(__m512i v[16]) {
 }
 
 // y[r, n] for the rows [0, rows) and outputs [n, n + cols) of an accumulator tile stored [output][x row],
-// `rows` floats per output, times `post` unless it is 1.
-inline void store_transposed(const float* acc, int64_t rows, int64_t cols, float* y, int64_t ldy,
-                             float post = 1.0f) {
+// `rows` floats per output.
+inline void store_transposed(const float* acc, int64_t rows, int64_t cols, float* y, int64_t ldy) {
   const __m512i outputs =
       _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                          _mm512_set1_epi32(static_cast<int>(rows)));
   const __mmask16 mask = cols == 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
-  for (int64_t r = 0; r < rows; ++r) {
-    __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, outputs, acc + r, 4);
-    if (post != 1.0f) v = _mm512_mul_ps(v, _mm512_set1_ps(post));
-    _mm512_mask_storeu_ps(y + r * ldy, mask, v);
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    _mm512_mask_storeu_ps(y + r * ldy, mask,
+                          _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, outputs, acc + r, 4));
 }
 
-// y[r, n] for the rows [0, rows) and outputs [n, n + cols) of an accumulator tile stored [x row][output],
-// times `post` unless it is 1.
-inline void store_rows(const float* acc, int64_t rows, int64_t cols, float* y, int64_t ldy,
-                       float post = 1.0f) {
+// y[r, n] for the rows [0, rows) and outputs [n, n + cols) of an accumulator tile stored [x row][output].
+inline void store_rows(const float* acc, int64_t rows, int64_t cols, float* y, int64_t ldy) {
   const __mmask16 mask = cols == 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
-  for (int64_t r = 0; r < rows; ++r) {
-    __m512 v = _mm512_load_ps(acc + r * 16);
-    if (post != 1.0f) v = _mm512_mul_ps(v, _mm512_set1_ps(post));
-    _mm512_mask_storeu_ps(y + r * ldy, mask, v);
-  }
+  for (int64_t r = 0; r < rows; ++r) _mm512_mask_storeu_ps(y + r * ldy, mask, _mm512_load_ps(acc + r * 16));
 }
 
 // Decode shape. x rows [0, m) (m ≤ 16; bf16 words, `steps` · 32 each, ldq apart) as B tiles m dwords wide,
@@ -108,10 +99,10 @@ inline void tile_block(const uint16_t* xq, int64_t ldq, const uint32_t* panel, i
 }
 
 // Prefill shape: y rows [0, h) (h ≤ 32, the x rows at xq, ldq words apart; rows h..16 · ⌈h / 16⌉ readable),
-// outputs [s0, s1) (the panel's B tiles, 16 outputs and `steps` · 256 words each), times `post` unless it
-// is 1; 2 × 2 accumulator tiles where the rows and outputs fill them. `acc`: 4 tiles.
+// outputs [s0, s1) (the panel's B tiles, 16 outputs and `steps` · 256 words each); 2 × 2 accumulator tiles
+// where the rows and outputs fill them. `acc`: 4 tiles.
 inline void panel_rows(const uint16_t* xq, int64_t ldq, const uint32_t* panel, int64_t steps, int64_t s0,
-                       int64_t s1, int64_t h, float* y, int64_t ldy, float post, float* acc) {
+                       int64_t s1, int64_t h, float* y, int64_t ldy, float* acc) {
   const int64_t groups = (s1 - s0 + kTile - 1) / kTile, mt = (h + kTile - 1) / kTile;
   for (int64_t g = 0; g < groups; g += 2) {
     const int64_t nt = std::min<int64_t>(2, groups - g);
@@ -128,7 +119,7 @@ inline void panel_rows(const uint16_t* xq, int64_t ldq, const uint32_t* panel, i
       for (int64_t j = 0; j < nt; ++j) {
         const int64_t n = s0 + (g + j) * kTile;
         store_rows(acc + (i * nt + j) * kTileWords, std::min(kTile, h - i * kTile), std::min(kTile, s1 - n),
-                   y + i * kTile * ldy + n, ldy, post);
+                   y + i * kTile * ldy + n, ldy);
       }
   }
 }
