@@ -23,6 +23,7 @@
 #include "kernels/cpu/amx_tiles.hpp"
 #include "kernels/cpu/bf16dot_lanes_avx512_bf16.hpp"
 #include "kernels/cpu/linear_bf16tile.hpp"
+#include "kernels/cpu/linear_tiles_amx.hpp"
 #include "kernels/cpu/variants.hpp"
 #include "util/buffer.hpp"
 #include "xmoe/error.hpp"
@@ -30,9 +31,7 @@
 namespace xmoe::kernels::amx {
 namespace {
 
-constexpr int64_t kTile = 16;        // outputs or x rows per tile side
-constexpr int64_t kTileWords = 256;  // one 16 × 64-byte tile in 32-bit words
-constexpr int64_t kBlockTiles = 8;   // x tiles per pass over the weights (128 rows; 512 KiB at k = 2048)
+constexpr int64_t kBlockTiles = 8;  // x tiles per pass over the weights (128 rows; 512 KiB at k = 2048)
 
 // x rows [0, h) (h ≤ 16) as B tiles, step s at out + s · 256 words: word [r][i] holds row i's pair r of the
 // step (k = 32 s + 2 r, + 1), rounded to bf16; rows past h and k past the end are zeros.
@@ -54,39 +53,6 @@ void pack_x_tile(const float* x, int64_t ldx, int64_t h, int64_t k, int64_t step
       _mm512_i32scatter_epi32(out + s * kTileWords + i, pair_rows, _mm512_load_si512(pairs), 4);
     }
   }
-}
-
-// NT weight tiles (16 rows each, `wt[i]` with rows `ws[i]` bytes apart) × MT x tiles (consecutive, each
-// `steps` · 256 words) over all steps; accumulator (i, j) goes to out + (i · MT + j) · 256 as [output][x
-// row].
-template <int NT, int MT>
-void tile_block(const std::byte* const* wt, const int64_t* ws, const uint32_t* xt, int64_t steps,
-                float* out) {
-  constexpr int kA = NT * MT, kB = NT * MT + NT;
-  static_assert(kB + MT <= 8, "eight tile registers");
-  static_for<NT * MT>([](auto c) { zero<decltype(c)::value>(); });
-  for (int64_t s = 0; s < steps; ++s) {
-    static_for<MT>([&](auto j) { load<kB + decltype(j)::value>(xt + (j * steps + s) * kTileWords, 64); });
-    static_for<NT>([&](auto i) {
-      constexpr int I = decltype(i)::value;
-      load<kA + I>(wt[I] + s * 64, ws[I]);
-      static_for<MT>([&](auto j) {
-        constexpr int J = decltype(j)::value;
-        dpbf16<I * MT + J, kA + I, kB + J>();
-      });
-    });
-  }
-  static_for<NT * MT>([&](auto c) { store<decltype(c)::value>(out + decltype(c)::value * kTileWords, 64); });
-}
-
-// y[r, n] for the x rows [0, rows) and outputs [n, n + cols) of one accumulator tile ([output][x row]).
-void store_transposed(const float* acc, int64_t rows, int64_t cols, float* y, int64_t ldy) {
-  const __m512i outputs = _mm512_mullo_epi32(
-      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(16));
-  const __mmask16 mask = cols == 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
-  for (int64_t r = 0; r < rows; ++r)
-    _mm512_mask_storeu_ps(y + r * ldy, mask,
-                          _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, outputs, acc + r, 4));
 }
 
 struct Call {
@@ -124,7 +90,7 @@ struct Call {
     tile_block<NT, MT>(wt, ws, xt, steps, acc);
     for (int i = 0; i < NT; ++i)
       for (int t = 0; t < MT; ++t)
-        store_transposed(acc + (i * MT + t) * kTileWords, std::min(kTile, rows - t * kTile),
+        store_transposed(acc + (i * MT + t) * kTileWords, kTile, std::min(kTile, rows - t * kTile),
                          std::min(kTile, n1 - j - i * kTile), y + t * kTile * ldy + j + i * kTile, ldy);
   }
 };

@@ -27,7 +27,7 @@
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/cpu/linear_quant_bf16dot.hpp"
 #include "kernels/cpu/linear_quant_bf16tile.hpp"
-#include "kernels/cpu/quant_tiles_amx.hpp"
+#include "kernels/cpu/linear_tiles_amx.hpp"
 #include "util/buffer.hpp"
 
 namespace xmoe::kernels::amx {
@@ -102,7 +102,7 @@ struct Mxfp4TileCall {
         continue;
       }
       store<kDecodeC>(acc, 4 * a.m);
-      store_transposed(acc, a.m, rows, a.y + n, a.ldy);
+      store_transposed(acc, a.m, a.m, rows, a.y + n, a.ldy);
     }
   }
 

@@ -29,7 +29,7 @@
 #include "kernels/cpu/linear_bf16tile.hpp"
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/cpu/linear_quant_bf16tile.hpp"
-#include "kernels/cpu/quant_tiles_amx.hpp"
+#include "kernels/cpu/linear_tiles_amx.hpp"
 #include "util/buffer.hpp"
 
 namespace xmoe::kernels::amx {
@@ -145,7 +145,7 @@ struct Fp8TileCall {
     for (int64_t n = s0; n < s1; n += kTile) {
       const int64_t rows = std::min(kTile, s1 - n);
       if (decode_tile(n, rows, xt, ring, acc))
-        store_transposed(acc, a.m, rows, a.y + n, a.ldy);
+        store_transposed(acc, a.m, a.m, rows, a.y + n, a.ldy);
       else
         quant::reference_part(a, reference::linear_fp8_block_medium_tile, 0, a.m, n, rows);
     }

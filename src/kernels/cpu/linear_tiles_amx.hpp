@@ -1,12 +1,14 @@
-// Tile building blocks the AMX level's quantized `medium` linears share (linear_quant_bf16tile.hpp): their
-// weights are decoded into bf16 before they are tile operands, as A tiles (decode: yᵀ = W · xᵀ, x as B tiles
-// as narrow as its rows) or as B tiles (prefill: y = x · Wᵀ, the x rows as A tiles in place). Inline
-// assembly and AVX-512 intrinsics; included only by files compiled for AMX.
+// Tile building blocks the AMX level's `medium` linears share (linear_bf16tile.hpp,
+// linear_quant_bf16tile.hpp). The quantized ones decode their weights into bf16 before they are tile
+// operands, as A tiles (decode: yᵀ = W · xᵀ, x as B tiles as narrow as its rows) or as B tiles (prefill:
+// y = x · Wᵀ, the x rows as A tiles in place). Inline assembly and AVX-512 intrinsics; included only by files
+// compiled for AMX.
 #pragma once
 
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/cpu/amx_tiles.hpp"
@@ -44,11 +46,12 @@ inline void transpose16(__m512i v[16]) {
 }
 
 // y[r, n] for the rows [0, rows) and outputs [n, n + cols) of an accumulator tile stored [output][x row],
-// `rows` floats per output.
-inline void store_transposed(const float* acc, int64_t rows, int64_t cols, float* y, int64_t ldy) {
+// `stride` floats per output.
+inline void store_transposed(const float* acc, int64_t stride, int64_t rows, int64_t cols, float* y,
+                             int64_t ldy) {
   const __m512i outputs =
       _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                         _mm512_set1_epi32(static_cast<int>(rows)));
+                         _mm512_set1_epi32(static_cast<int>(stride)));
   const __mmask16 mask = cols == 16 ? __mmask16(0xffff) : __mmask16((1u << cols) - 1);
   for (int64_t r = 0; r < rows; ++r)
     _mm512_mask_storeu_ps(y + r * ldy, mask,
@@ -77,25 +80,39 @@ inline const uint32_t* x_tiles(const uint16_t* xq, int64_t ldq, int64_t m, int64
   return xb;
 }
 
-// Prefill shape: MT x-row tiles at xq (rows ldq words apart, 16 per tile) × NT output tiles of the panel
-// (steps · 256 words apart); accumulator (i, j) to acc + (i · NT + j) · 256 as [x row][output].
-template <int MT, int NT>
-inline void tile_block(const uint16_t* xq, int64_t ldq, const uint32_t* panel, int64_t steps, float* acc) {
-  constexpr int kA = MT * NT, kB = MT * NT + MT;
-  static_assert(kB + NT <= 8, "eight tile registers");
-  static_for<MT * NT>([](auto c) { zero<decltype(c)::value>(); });
+// NA A tiles (16 rows each: tile i's step s at a[i] + 64 · s bytes, rows a_stride[i] bytes apart) × NB packed
+// B tiles (tile j's step s at b + (j · steps + s) · 256 words) over all steps; accumulator (i, j) to
+// acc + (i · NB + j) · 256, rows of the A tile by columns of the B tile.
+template <int NA, int NB>
+inline void tile_block(const std::byte* const* a, const int64_t* a_stride, const uint32_t* b, int64_t steps,
+                       float* acc) {
+  constexpr int kA = NA * NB, kB = NA * NB + NA;
+  static_assert(kB + NB <= 8, "eight tile registers");
+  static_for<NA * NB>([](auto c) { zero<decltype(c)::value>(); });
   for (int64_t s = 0; s < steps; ++s) {
-    static_for<NT>([&](auto j) { load<kB + decltype(j)::value>(panel + (j * steps + s) * kTileWords, 64); });
-    static_for<MT>([&](auto i) {
+    static_for<NB>([&](auto j) { load<kB + decltype(j)::value>(b + (j * steps + s) * kTileWords, 64); });
+    static_for<NA>([&](auto i) {
       constexpr int I = decltype(i)::value;
-      load<kA + I>(xq + I * kTile * ldq + s * 32, ldq * 2);
-      static_for<NT>([&](auto j) {
+      load<kA + I>(a[I] + s * 64, a_stride[I]);
+      static_for<NB>([&](auto j) {
         constexpr int J = decltype(j)::value;
-        dpbf16<I * NT + J, kA + I, kB + J>();
+        dpbf16<I * NB + J, kA + I, kB + J>();
       });
     });
   }
-  static_for<MT * NT>([&](auto c) { store<decltype(c)::value>(acc + decltype(c)::value * kTileWords, 64); });
+  static_for<NA * NB>([&](auto c) { store<decltype(c)::value>(acc + decltype(c)::value * kTileWords, 64); });
+}
+
+// Prefill shape: MT x-row tiles at xq (rows ldq words apart, 16 per tile) × NT output tiles of the panel.
+template <int MT, int NT>
+inline void x_panel_block(const uint16_t* xq, int64_t ldq, const uint32_t* panel, int64_t steps, float* acc) {
+  const std::byte* a[MT];
+  int64_t stride[MT];
+  for (int i = 0; i < MT; ++i) {
+    a[i] = reinterpret_cast<const std::byte*>(xq + i * kTile * ldq);
+    stride[i] = ldq * 2;
+  }
+  tile_block<MT, NT>(a, stride, panel, steps, acc);
 }
 
 // Prefill shape: y rows [0, h) (h ≤ 32, the x rows at xq, ldq words apart; rows h..16 · ⌈h / 16⌉ readable),
@@ -108,13 +125,13 @@ inline void panel_rows(const uint16_t* xq, int64_t ldq, const uint32_t* panel, i
     const int64_t nt = std::min<int64_t>(2, groups - g);
     const uint32_t* p = panel + g * steps * kTileWords;
     if (mt == 2 && nt == 2)
-      tile_block<2, 2>(xq, ldq, p, steps, acc);
+      x_panel_block<2, 2>(xq, ldq, p, steps, acc);
     else if (mt == 2)
-      tile_block<2, 1>(xq, ldq, p, steps, acc);
+      x_panel_block<2, 1>(xq, ldq, p, steps, acc);
     else if (nt == 2)
-      tile_block<1, 2>(xq, ldq, p, steps, acc);
+      x_panel_block<1, 2>(xq, ldq, p, steps, acc);
     else
-      tile_block<1, 1>(xq, ldq, p, steps, acc);
+      x_panel_block<1, 1>(xq, ldq, p, steps, acc);
     for (int64_t i = 0; i < mt; ++i)
       for (int64_t j = 0; j < nt; ++j) {
         const int64_t n = s0 + (g + j) * kTile;
