@@ -158,10 +158,12 @@ TEST(QuantMedium, ReferenceIsExactOnExactlyRepresentableData) {
       q.global_scale = 0.5f;
     }
     const PackedWeight w = q.view();
-    for (const int64_t m : {1, 3, 4, 5}) {  // 4, 5: FP8's tile reference (the AMX level's order)
-      if (m > 3 && f != WeightFormat::fp8_block) continue;
-      const LinearFn linear =
-          m > 3 ? reference::linear_fp8_block_medium_tile : medium_reference().linear[static_cast<int>(f)];
+    const LinearFn tile = f == WeightFormat::fp8_block ? reference::linear_fp8_block_medium_tile
+                          : f == WeightFormat::mxfp4   ? reference::linear_mxfp4_medium_tile
+                                                       : nullptr;
+    for (const int64_t m : {1, 3, 4, 5}) {  // 4, 5: the tile reference (the AMX level's order)
+      if (m > 3 && tile == nullptr) continue;
+      const LinearFn linear = m > 3 ? tile : medium_reference().linear[static_cast<int>(f)];
       std::vector<float> x(static_cast<size_t>(m * k));
       for (auto& v : x) v = static_cast<float>(eighths(rng)) / 8.0f;
       const auto got = run(linear, w, x, m, k, 0, n, n);
@@ -192,10 +194,11 @@ TEST(QuantMedium, ReferenceIsCloseToHighest) {
     const auto x = random_values(static_cast<size_t>(m * k), rng);
     const auto medium = run(medium_reference(), w, x, m, k, 0, n, n);
     const auto highest = run(reference_kernel_table(), w, x, m, k, 0, n, n);
-    // FP8's tile reference: the same operands summed in another order
-    const auto tile = f == WeightFormat::fp8_block
-                          ? run(reference::linear_fp8_block_medium_tile, w, x, m, k, 0, n, n)
-                          : medium;
+    // the tile references: the same operands summed in another order
+    const auto tile =
+        f == WeightFormat::fp8_block ? run(reference::linear_fp8_block_medium_tile, w, x, m, k, 0, n, n)
+        : f == WeightFormat::mxfp4   ? run(reference::linear_mxfp4_medium_tile, w, x, m, k, 0, n, n)
+                                     : medium;
     std::vector<float> row(static_cast<size_t>(k));
     for (int64_t j = 0; j < n; ++j) {
       w.row_to_f32(j, row.data());
