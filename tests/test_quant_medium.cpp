@@ -306,6 +306,27 @@ TEST(QuantMedium, Fp8EveryCodePointAndBlockShape) {
   }
 }
 
+// Blocks of 256 rows: more than one piece of the AMX prefill shape (128 rows decoded at a time) and of the
+// rows a decode-shape call scales x for once.
+TEST(QuantMedium, Fp8BlocksTallerThanADecodedPiece) {
+  const std::vector<FastKernel> kernels = fast_kernels(WeightFormat::fp8_block);
+  if (kernels.empty()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  for (const FastKernel& fast : kernels) {
+    std::mt19937 rng(11);
+    const int64_t n = 300, k = 200;
+    const auto q =
+        quantize_fp8_block(random_values(static_cast<size_t>(n * k), rng).data(), n, k, false, 256);
+    const PackedWeight w = q.view();
+    for (const int64_t m : {int64_t{1}, int64_t{3}, fast.prefill_rows}) {
+      const auto x = random_values(static_cast<size_t>(m * k), rng);
+      for (const auto& [n0, n1] : {std::pair<int64_t, int64_t>{0, n}, {40, 290}})
+        expect_same(
+            run(fast.kernel, w, x, m, k, n0, n1, n), run(fast.reference, w, x, m, k, n0, n1, n),
+            fast.level + " fp8 256-row blocks m=" + std::to_string(m) + " from " + std::to_string(n0));
+    }
+  }
+}
+
 // An infinite FP8 block multiplier over the k tail: the reference leaves the lanes wholly past k alone, so
 // with positive products in every live lane each output is +inf; a lane past k that took 0 · inf would make
 // it NaN.

@@ -34,8 +34,6 @@ namespace xmoe::kernels::amx {
 namespace {
 
 constexpr int64_t kDecodeRows = kMxfp4TileDecodeRows;
-// decode: tile registers of the accumulator, the two parities' weights and the two parities' x rows
-constexpr int kDecodeC = 0, kDecodeA = 1, kDecodeB = 3;
 constexpr int64_t kGroupChunks = 2;     // decode: chunks of 128 columns decoded together
 constexpr int64_t kAheadGroups = 1;     // decode: groups decoded ahead of the tile products
 constexpr int64_t kPrefetchGroups = 4;  // decode: groups of each row prefetched ahead
@@ -92,9 +90,7 @@ struct Mxfp4TileCall {
         for (int64_t s = s0; s < s1; s += 2)
           static_for<2>([&](auto parity) {
             constexpr int S = decltype(parity)::value;
-            load<kDecodeA + S>(slot + (s - s0 + S) * 32, kGroupWords * 2);
-            load<kDecodeB + S>(xb + (s + S) * 16 * a.m, 4 * a.m);
-            dpbf16<kDecodeC, kDecodeA + S, kDecodeB + S>();
+            decode_product<S>(slot + (s - s0 + S) * 32, kGroupWords * 2, xb + (s + S) * 16 * a.m, a.m);
           });
       }
       if (!clean) {
@@ -158,10 +154,7 @@ void linear_mxfp4_medium(const LinearArgs& a) {
   uint32_t* tiles =
       tiles_buffer.ensure(static_cast<size_t>((decode ? 1 : kPanelRows / kTile) * call.steps * kTileWords));
   alignas(64) float acc[4 * kTileWords];
-  TileConfig config = full_tiles();
-  if (decode)  // the accumulator and x tiles as wide as the rows
-    for (const int t : {kDecodeC, kDecodeB, kDecodeB + 1}) config.colsb[t] = static_cast<uint16_t>(4 * a.m);
-  load_config(config);
+  load_config(linear_tile_config(decode, a.m));
   if (decode)
     call.decode_shape(x_tiles(xq, call.ld, a.m, call.steps, tiles), rows, acc);
   else

@@ -40,8 +40,6 @@ using avx512_bf16::Fp8Order;
 using avx512_bf16::Fp8Scales;
 
 constexpr int64_t kDecodeRows = kFp8TileDecodeRows;
-// decode: tile registers of the accumulator, the two steps' weights and the two steps' x rows
-constexpr int kDecodeC = 0, kDecodeA = 1, kDecodeB = 3;
 constexpr int64_t kDecodeAhead = 3;     // decode: chunks decoded ahead of the tile products
 constexpr int64_t kPrefetchChunks = 8;  // decode: chunks of each row prefetched ahead
 constexpr int64_t kRowGroup = 32;       // prefill: x rows per group of A tiles
@@ -106,9 +104,7 @@ struct Fp8TileCall {
       const uint16_t* t = ring + d % (kDecodeAhead + 1) * 2 * kTileHalf;
       static_for<2>([&](auto step) {
         constexpr int S = decltype(step)::value;
-        load<kDecodeB + S>(xb + (2 * d + S) * 16 * a.m, 4 * a.m);
-        load<kDecodeA + S>(t + S * kTileHalf, 64);
-        dpbf16<kDecodeC, kDecodeA + S, kDecodeB + S>();
+        decode_product<S>(t + S * kTileHalf, 64, xb + (2 * d + S) * 16 * a.m, a.m);
       });
     }
     store<kDecodeC>(acc, 4 * a.m);
@@ -138,6 +134,8 @@ struct Fp8TileCall {
     return dec.clean();
   }
 
+  // Decode shape: the outputs [s0, s1) of one block of weight rows (one multiplier vector), x scaled and
+  // packed once for the block.
   void decode_rows(int64_t s0, int64_t s1, const float* mult, uint16_t* xq, uint32_t* xb, uint16_t* ring,
                    float* acc) const {
     pack_x(mult, 0, a.m, 0, xq);
@@ -186,19 +184,12 @@ void linear_fp8_block_medium(const LinearArgs& a) {
     for (int64_t j = 0; j < std::min(kTile, a.n1 - a.n0); ++j)
       for (int64_t c = 0; c < std::min(call.k, kPrefetchChunks * 64); c += 64)
         _mm_prefetch(reinterpret_cast<const char*>(call.row(a.n0 + j) + c), _MM_HINT_T0);
-  TileConfig config = full_tiles();
-  if (decode)  // the accumulator and x tiles as wide as the rows: a block's x tiles stay in L1
-    for (const int t : {kDecodeC, kDecodeB, kDecodeB + 1}) config.colsb[t] = static_cast<uint16_t>(4 * a.m);
-  load_config(config);
+  load_config(linear_tile_config(decode, a.m));
   avx512_bf16::for_each_row_block(*a.w, a.n0, a.n1, [&](int64_t s0, int64_t s1) {
     call.scales.row(s0, mult.data());
-    for (int64_t p0 = s0; p0 < s1; p0 += kPanelRows) {
-      const int64_t p1 = std::min(s1, p0 + kPanelRows);
-      if (decode)
-        call.decode_rows(p0, p1, mult.data(), xq, tiles, ring, acc);
-      else
-        call.prefill_rows(p0, p1, mult.data(), xq, tiles, acc);
-    }
+    if (decode) return call.decode_rows(s0, s1, mult.data(), xq, tiles, ring, acc);
+    for (int64_t p0 = s0; p0 < s1; p0 += kPanelRows)
+      call.prefill_rows(p0, std::min(s1, p0 + kPanelRows), mult.data(), xq, tiles, acc);
   });
   release();
 }

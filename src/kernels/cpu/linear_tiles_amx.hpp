@@ -64,6 +64,28 @@ inline void store_rows(const float* acc, int64_t rows, int64_t cols, float* y, i
   for (int64_t r = 0; r < rows; ++r) _mm512_mask_storeu_ps(y + r * ldy, mask, _mm512_load_ps(acc + r * 16));
 }
 
+// Decode shape's tile registers: the accumulator, the two steps' weights (A tiles) and the two steps' x rows
+// (B tiles).
+inline constexpr int kDecodeC = 0, kDecodeA = 1, kDecodeB = 3;
+
+// Every tile full, or for the decode shape (m x rows, m ≤ 16) the accumulator and x tiles only as wide as the
+// rows: a block's x tiles then stay in L1.
+inline TileConfig linear_tile_config(bool decode, int64_t m) {
+  TileConfig config = full_tiles();
+  if (decode)
+    for (const int t : {kDecodeC, kDecodeB, kDecodeB + 1}) config.colsb[t] = static_cast<uint16_t>(4 * m);
+  return config;
+}
+
+// Decode shape: the accumulator += step S's 16 decoded weight rows (`stride` bytes apart) × its x tile (m
+// dwords wide).
+template <int S>
+inline void decode_product(const void* weights, int64_t stride, const uint32_t* x_step, int64_t m) {
+  load<kDecodeA + S>(weights, stride);
+  load<kDecodeB + S>(x_step, 4 * m);
+  dpbf16<kDecodeC, kDecodeA + S, kDecodeB + S>();
+}
+
 // Decode shape. x rows [0, m) (m ≤ 16; bf16 words, `steps` · 32 each, ldq apart) as B tiles m dwords wide,
 // step s at xb + s · 16 · m words: word [r][i] holds row i's pair r of the step. One row is its own tile:
 // xq as it is.
