@@ -118,7 +118,8 @@ int main(int argc, char** argv) {
   try {
     if (info_cmd->parsed()) {
       const auto f = xmoe::kernels::detect_cpu_features();
-      std::printf("cpu features: %s\nkernel level: %s\nopenmp threads: %d\n", f.str().c_str(),
+      std::printf("cpu features: %s\nL2 per core: %lld KiB\nkernel level: %s\nopenmp threads: %d\n",
+                  f.str().c_str(), static_cast<long long>(f.l2_bytes / 1024),
                   xmoe::kernels::isa_name(xmoe::kernels::best_isa(f)), omp_get_max_threads());
       return 0;
     }

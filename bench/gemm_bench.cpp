@@ -336,7 +336,8 @@ int main(int argc, char** argv) {
                           : cap == Isa::avx512 ? dnnl::cpu_isa::avx512_core
                                                : dnnl::cpu_isa::avx512_core_bf16);
 #endif
-  std::printf("cpu: %s; contenders capped at %s\n", f.str().c_str(), isa_name(cap));
+  std::printf("cpu: %s, L2 %lld KiB; contenders capped at %s\n", f.str().c_str(),
+              static_cast<long long>(f.l2_bytes / 1024), isa_name(cap));
 #ifdef XMOE_HAVE_OPENBLAS
   std::printf("openblas core: %s\n", openblas_get_corename());
 #endif
@@ -350,9 +351,14 @@ int main(int argc, char** argv) {
     best.gemm_f32 = avx2::gemm_f32, best.gemm_bf16 = avx2::gemm_bf16;
   }
   if (f.has_avx512() && cap >= Isa::avx512) {
-    f32_variants.push_back({"avx512", avx512::gemm_f32, false});
-    bf16_variants.push_back({"avx512", avx512::gemm_bf16, false});
-    best.gemm_f32 = avx512::gemm_f32, best.gemm_bf16 = avx512::gemm_bf16;
+    // "avx512": the op(B) blocking kernel_table.cpp picks for this CPU's L2; the other one races it.
+    const KernelTable& picked = kernel_table(Isa::avx512, f);
+    const bool l2 = picked.gemm_f32 == avx512::gemm_f32_l2_blocks;
+    f32_variants.push_back({"avx512", picked.gemm_f32, false});
+    bf16_variants.push_back({"avx512", picked.gemm_bf16, false});
+    f32_variants.push_back({l2 ? "avx512_l3_blocks" : "avx512_l2_blocks",
+                            l2 ? avx512::gemm_f32 : avx512::gemm_f32_l2_blocks, false});
+    best.gemm_f32 = picked.gemm_f32, best.gemm_bf16 = picked.gemm_bf16;
   }
   if (f.has_avx512_bf16() && cap >= Isa::avx512_bf16) {
     bf16_variants.push_back({"avx512_bf16", avx512_bf16::gemm_bf16, true});

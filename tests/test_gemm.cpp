@@ -36,6 +36,7 @@ const Variant kVariants[] = {
     {"reference", Isa::reference, reference::gemm_f32, reference::gemm_bf16, false},
     {"avx2", Isa::avx2, avx2::gemm_f32, avx2::gemm_bf16, true},
     {"avx512", Isa::avx512, avx512::gemm_f32, avx512::gemm_bf16, true},
+    {"avx512_l2_blocks", Isa::avx512, avx512::gemm_f32_l2_blocks, avx512::gemm_bf16_l2_blocks, true},
     {"avx512_bf16", Isa::avx512_bf16, nullptr, avx512_bf16::gemm_bf16, false},
     {"amx", Isa::amx, nullptr, amx::gemm_bf16, false},
 };
@@ -147,12 +148,13 @@ struct Shape3 {
 // k tail, rows off every tile; 530 rows the tall one, over several (equal) mc and kc blocks. An op(B) = Bᵀ
 // of 32–512 rows (AVX2, AVX-512: 256) that fill whole vectors, with k at least 3 rows, reads B in place (301,
 // 64, 300, 48 rows): B's rows off its 6-row tiles, op(A)'s rows off its 64-lane panels, k-blocks with an odd
-// tail, Cᵀ chunks.
+// tail, Cᵀ chunks. 520 × 1100 runs the tall path over two op(B) blocks of AVX-512's L2 blocking (1056
+// columns).
 const Shape3 kShapes[] = {{1, 1, 1},      {1, 1, 7},      {1, 37, 1},      {5, 1, 3},       {3, 5, 0},
                           {14, 32, 256},  {15, 33, 257},  {13, 31, 255},   {29, 97, 101},   {6, 16, 513},
                           {8, 48, 64},    {9, 49, 65},    {7, 47, 63},     {6, 64, 33},     {41, 71, 259},
                           {181, 17, 20},  {3, 2081, 5},   {2, 3, 1030},    {301, 70, 1100}, {37, 100, 2101},
-                          {530, 50, 600}, {64, 71, 2101}, {300, 13, 1033}, {48, 200, 151}};
+                          {530, 50, 600}, {64, 71, 2101}, {300, 13, 1033}, {48, 200, 151},  {520, 1100, 40}};
 
 bool supported(const Variant& v) {
   return isa_supported(detect_cpu_features(), v.isa);
@@ -383,6 +385,30 @@ TEST(GemmProbe, ReportsPositiveRates) {
   EXPECT_THROW(measure_gemm_gflops(t, DType::f32, 0, 8, 8, 0.01), Error);
   t.gemm_bf16 = nullptr;
   EXPECT_THROW(measure_gemm_gflops(t, DType::bf16, 8, 8, 8, 0.01), Error);
+}
+
+// The AVX-512 levels' f32 GEMM keeps its op(B) blocks in L2 from a 2 MiB L2 on; below (Zen 4's 1 MiB) the L3
+// blocks; the bf16 GEMMs of the higher levels are the same either way.
+TEST(GemmTable, Avx512BlockingFollowsTheL2Size) {
+  CpuFeatures f = detect_cpu_features();
+  if (!f.has_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  for (const Isa isa : {Isa::avx512, Isa::avx512_bf16, Isa::amx}) {
+    if (!isa_supported(f, isa)) continue;
+    f.l2_bytes = int64_t{2} << 20;
+    const KernelTable& big = kernel_table(isa, f);
+    EXPECT_EQ(big.gemm_f32, avx512::gemm_f32_l2_blocks) << isa_name(isa);
+    EXPECT_EQ(kernel_table(isa, f, MatmulPrecision::medium).gemm_f32, avx512::gemm_f32_l2_blocks)
+        << isa_name(isa);
+    f.l2_bytes = int64_t{1} << 20;
+    const KernelTable& small = kernel_table(isa, f);
+    EXPECT_EQ(small.gemm_f32, avx512::gemm_f32) << isa_name(isa);
+    EXPECT_EQ(kernel_table(isa, f, MatmulPrecision::medium).gemm_f32, avx512::gemm_f32) << isa_name(isa);
+    if (isa != Isa::avx512) {
+      EXPECT_EQ(big.gemm_bf16, small.gemm_bf16) << isa_name(isa);
+    }
+  }
+  f.l2_bytes = 0;  // not reported
+  EXPECT_EQ(kernel_table(Isa::avx512, f).gemm_f32, avx512::gemm_f32);
 }
 
 // The CPU-time clock (gemm_bench --clock thread) times the one calling thread; more threads are refused.

@@ -25,10 +25,17 @@ bool request_amx_permission() {
   if (syscall(SYS_arch_prctl, kArchGetXcompPerm, &bitmask) != 0) return false;
   return (bitmask & (1ul << kXfeatureXtiledata)) != 0;
 }
+// CPUID 0x80000006: ECX[31:16] is one core's L2 in KiB on Intel and AMD alike.
+int64_t l2_cache_bytes() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(0x80000006, &a, &b, &c, &d)) return 0;
+  return int64_t{c >> 16} * 1024;
+}
 }  // namespace
 
 CpuFeatures detect_cpu_features() {
   CpuFeatures f;
+  f.l2_bytes = l2_cache_bytes();
   unsigned a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
   const bool osxsave = (c >> 27) & 1;

@@ -1,5 +1,6 @@
 // What this CPU and OS let us run, detected at run time (never from the build machine).
 #pragma once
+#include <cstdint>
 #include <string>
 
 namespace xmoe::kernels {
@@ -15,6 +16,7 @@ struct CpuFeatures {
   bool amx_tile = false;
   bool amx_bf16 = false;
   bool amx_os_enabled = false;  // arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) succeeded
+  int64_t l2_bytes = 0;         // one core's L2 (CPUID 0x80000006, Intel and AMD alike); 0: not reported
 
   bool has_avx2() const { return avx2 && fma; }
   bool has_avx512() const { return avx512f && avx512bw && avx512vl && avx512dq; }

@@ -158,6 +158,18 @@ constexpr GemmBlocking kBlocking{.mc = 8 * 21,
                                  .nc_small_tb = 48,
                                  .split_rows = 512,
                                  .rows_outer = true};
+// The same with op(B) blocks of 1 MiB (256 × 1024 f32), half of a 2 MiB L2, for CPUs whose L3 cannot feed
+// the tall path's 4 MiB blocks (kernel_table.cpp picks it). On Sapphire Rapids (2 MiB L2, a mesh L3;
+// one thread, its CPU time, interleaved) 4096 × 2048 × 2048 NN / NT and 2048 × 2048 × 4096 TN ran 110–129
+// GFLOP/s against 74–84 (52–59 % of the register-only FMA peak against 34–37 %); 512 × 512, 768 × 384 and
+// 1024 × 384 blocks, and the other tile order with kc 128–256, ran level or behind. (The VDPBF16PS GEMM's
+// blocks, in the same test, ran best as they are.)
+constexpr GemmBlocking kL2Blocking = [] {
+  GemmBlocking b = kBlocking;
+  b.kc = 256;
+  b.nc = 1024;
+  return b;
+}();
 constexpr int kMacsPerPackedElement = 16;
 
 // op(B) = Bᵀ with 32–256 rows whose vectors of 16 waste at most 8 % of the lanes (and k ≥ 3 rows, as
@@ -178,6 +190,16 @@ void gemm_f32(const GemmArgs<float, float>& args) {
 void gemm_bf16(const GemmArgs<bf16, float>& args) {
   if (direct_bt_applies<DirectF32>(args, kDirectMaxRows)) return gemm_bt_direct<DirectF32>(args);
   gemm_blocked<Kernel>(args, kBlocking, kMacsPerPackedElement);
+}
+
+void gemm_f32_l2_blocks(const GemmArgs<float, float>& args) {
+  if (direct_bt_applies<DirectF32>(args, kDirectMaxRows)) return gemm_bt_direct<DirectF32>(args);
+  gemm_blocked<Kernel>(args, kL2Blocking, kMacsPerPackedElement);
+}
+
+void gemm_bf16_l2_blocks(const GemmArgs<bf16, float>& args) {
+  if (direct_bt_applies<DirectF32>(args, kDirectMaxRows)) return gemm_bt_direct<DirectF32>(args);
+  gemm_blocked<Kernel>(args, kL2Blocking, kMacsPerPackedElement);
 }
 
 }  // namespace xmoe::kernels::avx512

@@ -56,19 +56,27 @@ KernelTable make_avx2() {
   return t;
 }
 
-KernelTable make_avx512() {
+// The AVX-512 f32 GEMM keeps its op(B) blocks in L2 where L2 has at least 2 MiB (Sapphire Rapids and later
+// Xeons, whose mesh L3 cannot feed the 4 MiB blocks): Zen 4's 1 MiB keeps the L3 blocks it was tuned with
+// (Ice Lake's 1.25 MiB too: not measured). gemm_avx512.cpp gives the figures.
+bool gemm_blocks_in_l2(const CpuFeatures& f) {
+  return f.l2_bytes >= (int64_t{2} << 20);
+}
+
+// l2_blocks: the f32 GEMM's op(B) blocks sized for L2 (gemm_blocks_in_l2).
+KernelTable make_avx512(bool l2_blocks) {
   KernelTable t;
   t.isa = Isa::avx512;
-  t.gemm_f32 = avx512::gemm_f32;
-  t.gemm_bf16 = avx512::gemm_bf16;
+  t.gemm_f32 = l2_blocks ? avx512::gemm_f32_l2_blocks : avx512::gemm_f32;
+  t.gemm_bf16 = l2_blocks ? avx512::gemm_bf16_l2_blocks : avx512::gemm_bf16;
   t.gemm_f64 = reference::gemm_f64;
   XMOE_FILL_ELEMENTWISE(avx512)
   XMOE_FILL_QUANT_LINEARS(avx512)
   return t;
 }
 
-KernelTable make_avx512_bf16() {
-  KernelTable t = make_avx512();
+KernelTable make_avx512_bf16(bool l2_blocks) {
+  KernelTable t = make_avx512(l2_blocks);
   t.isa = Isa::avx512_bf16;
   t.gemm_bf16 = avx512_bf16::gemm_bf16;
   return t;
@@ -76,8 +84,8 @@ KernelTable make_avx512_bf16() {
 
 // AMX: the bf16 GEMM on tiles; every other kernel is the AVX512-BF16 level's, plus (kernel_table below) the
 // medium precision's BF16 linear.
-KernelTable make_amx() {
-  KernelTable t = make_avx512_bf16();
+KernelTable make_amx(bool l2_blocks) {
+  KernelTable t = make_avx512_bf16(l2_blocks);
   t.isa = Isa::amx;
   t.gemm_bf16 = amx::gemm_bf16;
   return t;
@@ -121,20 +129,22 @@ const KernelTable& kernel_table(Isa isa, const CpuFeatures& features) {
   XMOE_CHECK(isa_supported(features, isa), "isa: ", isa_name(isa), " is not supported by this CPU/OS (",
              features.str(), ")");
   static const KernelTable avx2_table = make_avx2();
-  static const KernelTable avx512_table = make_avx512();
-  static const KernelTable avx512_bf16_table = make_avx512_bf16();
-  static const KernelTable amx_table = make_amx();
+  // Each AVX-512 level's table with the f32 GEMM's op(B) blocks sized for L3 and for L2.
+  static const KernelTable avx512_tables[2] = {make_avx512(false), make_avx512(true)};
+  static const KernelTable avx512_bf16_tables[2] = {make_avx512_bf16(false), make_avx512_bf16(true)};
+  static const KernelTable amx_tables[2] = {make_amx(false), make_amx(true)};
+  const int l2 = gemm_blocks_in_l2(features) ? 1 : 0;
   switch (isa) {
     case Isa::reference:
       return reference_kernel_table();
     case Isa::avx2:
       return avx2_table;
     case Isa::avx512:
-      return avx512_table;
+      return avx512_tables[l2];
     case Isa::avx512_bf16:
-      return avx512_bf16_table;
+      return avx512_bf16_tables[l2];
     case Isa::amx:
-      return amx_table;
+      return amx_tables[l2];
   }
   return reference_kernel_table();
 }
@@ -144,18 +154,22 @@ const KernelTable& kernel_table(Isa isa, const CpuFeatures& features, MatmulPrec
   if (precision == MatmulPrecision::highest) return highest;
   static const KernelTable reference_medium =
       with_medium_bf16(reference_kernel_table(), reference::linear_bf16_medium);
-  static const KernelTable avx512_bf16_medium =
-      with_medium_bf16(make_avx512_bf16(), avx512_bf16::linear_bf16_medium);
+  static const KernelTable avx512_bf16_medium[2] = {
+      with_medium_bf16(make_avx512_bf16(false), avx512_bf16::linear_bf16_medium),
+      with_medium_bf16(make_avx512_bf16(true), avx512_bf16::linear_bf16_medium)};
   // AMX: BF16, FP8 and MXFP4 linears in TDPBF16PS's arithmetic (linear_bf16tile.hpp,
   // linear_quant_bf16tile.hpp).
-  static const KernelTable amx_medium = with_amx_tiles(with_medium_bf16(make_amx(), amx::linear_bf16_medium));
+  static const KernelTable amx_medium[2] = {
+      with_amx_tiles(with_medium_bf16(make_amx(false), amx::linear_bf16_medium)),
+      with_amx_tiles(with_medium_bf16(make_amx(true), amx::linear_bf16_medium))};
+  const int l2 = gemm_blocks_in_l2(features) ? 1 : 0;
   switch (highest.isa) {
     case Isa::reference:
       return reference_medium;
     case Isa::avx512_bf16:
-      return avx512_bf16_medium;
+      return avx512_bf16_medium[l2];
     case Isa::amx:
-      return amx_medium;
+      return amx_medium[l2];
     case Isa::avx2:
     case Isa::avx512:
       break;
