@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <string>
 
+#include "moe/experts.hpp"
 #include "util/random.hpp"
 #include "xmoe/moe_layer.hpp"
 
@@ -370,6 +372,25 @@ TEST(MoeLayer, BadConfigurationNamesTheField) {
             std::string::npos);
   EXPECT_NE(with([](MoeConfig& c) { c.is_gshard_loss = false; }).find("gate_noise"), std::string::npos);
   EXPECT_NE(with([](MoeConfig& c) { c.experts.type = "custom"; }).find("experts.custom"), std::string::npos);
+}
+
+// The weight gradients' segments: each expert's rows cut at the cuts strictly inside them, in buffer order;
+// empty experts, cuts on an expert's edges and repeated cuts give no empty pieces.
+TEST(MoeLayer, WeightGradientSegmentsFollowTheCuts) {
+  using Piece = std::array<int64_t, 3>;
+  auto pieces = [](std::vector<int64_t> offsets, std::vector<int64_t> cuts) {
+    std::vector<Piece> got;
+    moe::for_each_segment(offsets, cuts, [&](int64_t e, int64_t r0, int64_t r1) {
+      got.push_back({e, r0, r1});
+    });
+    return got;
+  };
+  EXPECT_EQ(pieces({0, 3, 3, 7}, {}), (std::vector<Piece>{{0, 0, 3}, {2, 3, 7}}));
+  EXPECT_EQ(pieces({0, 4, 8}, {2, 4, 4, 5, 8}),
+            (std::vector<Piece>{{0, 0, 2}, {0, 2, 4}, {1, 4, 5}, {1, 5, 8}}));
+  EXPECT_EQ(pieces({0, 6, 6, 12}, {0, 3, 6, 9, 12}),
+            (std::vector<Piece>{{0, 0, 3}, {0, 3, 6}, {2, 6, 9}, {2, 9, 12}}));
+  EXPECT_EQ(pieces({5, 5}, {5}), std::vector<Piece>{});
 }
 
 TEST(MoeLayer, BadCallArgumentsNameTheArgument) {

@@ -88,6 +88,14 @@ void move_pieces(T* pieces, T* whole, const Shape& local, int dim, int64_t group
   });
 }
 
+// Row cuts every `len` rows of an R-row buffer: each source rank's rows, where every rank sends `len` rows
+// per expert (for_each_segment).
+std::vector<int64_t> cuts_every(int64_t len, int64_t R) {
+  std::vector<int64_t> cuts;
+  for (int64_t r = len; len > 0 && r < R; r += len) cuts.push_back(r);
+  return cuts;
+}
+
 template <class T>
 void add_into(T* dst, const T* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
@@ -291,7 +299,7 @@ void ExpertParallelStage<S>::backward_in_chunks(const Ops<S>& ops, const S* dyd,
       [&] {
         std::vector<int64_t> offsets(static_cast<size_t>(L) + 1);
         for (int l = 0; l <= L; ++l) offsets[static_cast<size_t>(l)] = l * rows_per_expert;
-        ex.backward_params(ops, x_local_.data(), dyl, offsets);
+        ex.backward_params(ops, x_local_.data(), dyl, offsets, cuts_every(rows_per_expert / W_, R));
       });
 }
 
@@ -307,7 +315,7 @@ void ExpertParallelStage<S>::backward(const Ops<S>& ops, const S* disp, const S*
     std::vector<int64_t> offsets(static_cast<size_t>(E_) + 1);
     for (int e = 0; e <= E_; ++e) offsets[static_cast<size_t>(e)] = e * C;
     for (auto& p : full_params_) p->grad.zero();
-    full_->backward(ops, disp, dyd, offsets, dxd);
+    full_->backward(ops, disp, dyd, offsets, {}, dxd);
     reduce_scatter_all_experts();
     return;
   }
@@ -326,7 +334,7 @@ void ExpertParallelStage<S>::backward(const Ops<S>& ops, const S* disp, const S*
   std::vector<int64_t> offsets(static_cast<size_t>(L_) + 1);
   for (int l = 0; l <= L_; ++l) offsets[static_cast<size_t>(l)] = l * W_ * C;
   Acc* dxl = dx_local_.ensure(static_cast<size_t>(R * M_));
-  local_.backward(ops, x_local_.data(), dyl, offsets, dxl);
+  local_.backward(ops, x_local_.data(), dyl, offsets, cuts_every(C, R), dxl);
   Acc* ds = dx_send_.ensure(static_cast<size_t>(R * M_));
   transpose_blocks(dxl, ds, L_, W_, C * M_);
   all_to_all(ds, dxd, static_cast<size_t>(L_ * C * M_), at);
@@ -460,7 +468,7 @@ void ExpertParallelStage<S>::backward_sharded(const Ops<S>& ops, const S* dyd, A
     all_to_all(send, dyl, static_cast<size_t>(Cb * O_), st);
     const int64_t offsets[2] = {0, R};
     Acc* dxl = dx_local_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * M_)));
-    work.experts->backward(ops, x_local_.data(), dyl, offsets, dxl);
+    work.experts->backward(ops, x_local_.data(), dyl, offsets, cuts_every(Cb, R), dxl);
     Acc* back = dx_send_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * M_)));
     all_to_all(dxl, back, static_cast<size_t>(Cb * M_), at);
     for (int w = 0; w < W_ && Cb > 0; ++w) {
@@ -583,7 +591,7 @@ template <class S>
 void ExpertParallelStage<S>::backward_grouped(const Ops<S>& ops, const S* disp, const S* dyd, Acc* dxd) {
   if (r_ == 0) {
     for (auto& p : full_params_) p->grad.zero();
-    full_->backward(ops, disp, dyd, grouped_offsets_, dxd);
+    full_->backward(ops, disp, dyd, grouped_offsets_, {}, dxd);
     reduce_scatter_all_experts();
     return;
   }
@@ -594,7 +602,13 @@ void ExpertParallelStage<S>::backward_grouped(const Ops<S>& ops, const S* disp, 
   S* dyl = dy_local_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * O_)));
   regroup(dr, dyl, O_, true);
   Acc* dxl = dx_local_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * M_)));
-  local_.backward(ops, x_local_.data(), dyl, local_offsets_, dxl);
+  // Local expert l's rows come from the sources in rank order (regroup), recv_counts_[s · L + l] each.
+  std::vector<int64_t> cuts;
+  for (int l = 0; l < L_; ++l) {
+    int64_t row = local_offsets_[static_cast<size_t>(l)];
+    for (int s = 0; s + 1 < W_; ++s) cuts.push_back(row += recv_counts_[static_cast<size_t>(s * L_ + l)]);
+  }
+  local_.backward(ops, x_local_.data(), dyl, local_offsets_, cuts, dxl);
   Acc* ds = dx_send_.ensure(static_cast<size_t>(std::max<int64_t>(1, R * M_)));
   regroup(dxl, ds, M_, false);
   exchange_rows(ds, dxd, M_, at, false);

@@ -161,13 +161,13 @@ class FfnExperts final : public Experts<S> {
     }
   }
 
-  void backward_params(const Ops<S>& ops, const S* x, const S* dy, std::span<const int64_t> off) override {
+  void backward_params(const Ops<S>& ops, const S* x, const S* dy, std::span<const int64_t> off,
+                       std::span<const int64_t> cuts) override {
     const Acc* dh = dh_.data();
     const S* a = act_out_.data();
     const S* dhs = std::is_same_v<S, Acc> ? reinterpret_cast<const S*>(dh) : dh_stage_.store.data();
-    for (int64_t e = 0; e < E_; ++e) {
-      const int64_t r0 = off[static_cast<size_t>(e)], r = off[static_cast<size_t>(e) + 1] - r0;
-      if (r == 0) continue;
+    for_each_segment(off, cuts, [&](int64_t e, int64_t r0, int64_t r1) {
+      const int64_t r = r1 - r0;
       const S* dy_e = dy + r0 * O_;
       if (b2_) column_sums(dy_e, r, O_, b2_->grad.data<Acc>() + e * O_, to_acc_value<S>);
       ops.gemm(gemm_args<S, Acc>(H_, O_, r, a + r0 * H_, H_, true, dy_e, O_, false,
@@ -175,7 +175,7 @@ class FfnExperts final : public Experts<S> {
       if (b1_) column_sums(dh + r0 * H_, r, H_, b1_->grad.data<Acc>() + e * H_, [](Acc v) { return v; });
       ops.gemm(gemm_args<S, Acc>(H_, M_, r, dhs + r0 * H_, H_, true, x + r0 * M_, M_, false,
                                  w1_->grad.data<Acc>() + e * H_ * M_, M_, true));
-    }
+    });
   }
 
   size_t workspace_bytes() const override {
@@ -292,12 +292,12 @@ class SwigluExperts final : public Experts<S> {
     }
   }
 
-  void backward_params(const Ops<S>& ops, const S* x, const S* dy, std::span<const int64_t> off) override {
+  void backward_params(const Ops<S>& ops, const S* x, const S* dy, std::span<const int64_t> off,
+                       std::span<const int64_t> cuts) override {
     const S* dgs = std::is_same_v<S, Acc> ? reinterpret_cast<const S*>(dg_.data()) : dg_stage_.store.data();
     const S* dus = std::is_same_v<S, Acc> ? reinterpret_cast<const S*>(du_.data()) : du_stage_.store.data();
-    for (int64_t e = 0; e < E_; ++e) {
-      const int64_t r0 = off[static_cast<size_t>(e)], r = off[static_cast<size_t>(e) + 1] - r0;
-      if (r == 0) continue;
+    for_each_segment(off, cuts, [&](int64_t e, int64_t r0, int64_t r1) {
+      const int64_t r = r1 - r0;
       const S* xe = x + r0 * M_;
       ops.gemm(gemm_args<S, Acc>(M_, H_, r, dy + r0 * M_, M_, true, a_.data() + r0 * H_, H_, false,
                                  down_->grad.data<Acc>() + e * M_ * H_, H_, true));
@@ -305,7 +305,7 @@ class SwigluExperts final : public Experts<S> {
                                  gate_->grad.data<Acc>() + e * H_ * M_, M_, true));
       ops.gemm(gemm_args<S, Acc>(H_, M_, r, dus + r0 * H_, H_, true, xe, M_, false,
                                  up_->grad.data<Acc>() + e * H_ * M_, M_, true));
-    }
+    });
   }
 
   size_t workspace_bytes() const override {
@@ -355,7 +355,9 @@ class CustomExperts final : public Experts<S> {
     XMOE_CHECK(yt.raw() == y && yt.dim(0) == R && yt.dim(1) == O_,
                "experts.custom: forward must write into the given y [", R, ", ", O_, "]");
   }
-  void backward(const Ops<S>& ops, const S*, const S* dy, std::span<const int64_t> off, Acc* dx) override {
+  // (A user's backward sees each expert's rows whole: `cuts` is not its business.)
+  void backward(const Ops<S>& ops, const S*, const S* dy, std::span<const int64_t> off,
+                std::span<const int64_t>, Acc* dx) override {
     const int64_t R = off.back();
     S* dxs = dx_store_.ensure(static_cast<size_t>(R * M_));
     Tensor dyt = Tensor::wrap(const_cast<S*>(dy), {R, O_}, dtype_, nullptr);

@@ -16,6 +16,25 @@ struct ExpertRange {
   int64_t expert = 0, begin = 0, end = 0;
 };
 
+// The parameter gradients' segments: expert e's rows [offsets[e], offsets[e + 1]) cut at every row of `cuts`
+// (sorted) strictly inside them, fn(e, r0, r1) for each non-empty piece in buffer order. A segment is one
+// source's rows (one rank's tokens in an expert-parallel run) and its weight gradients are one GEMM each,
+// accumulated in order: so an expert-parallel run sums exactly as the single-process layer does over each
+// rank's tokens in turn, whatever arithmetic the GEMM uses (AMX tiles group k in steps of 32, so a row's bits
+// depend on its offset within the product).
+template <class Fn>
+void for_each_segment(std::span<const int64_t> offsets, std::span<const int64_t> cuts, Fn&& fn) {
+  size_t c = 0;
+  for (size_t e = 0; e + 1 < offsets.size(); ++e) {
+    for (int64_t r0 = offsets[e], r1 = offsets[e + 1]; r0 < r1;) {
+      while (c < cuts.size() && cuts[c] <= r0) ++c;
+      const int64_t end = c < cuts.size() && cuts[c] < r1 ? cuts[c] : r1;
+      fn(static_cast<int64_t>(e), r0, end);
+      r0 = end;
+    }
+  }
+}
+
 template <class S>
 class Experts {
  public:
@@ -32,22 +51,24 @@ class Experts {
   void forward(const Ops<S>& ops, const S* x, std::span<const int64_t> offsets, S* y) {
     forward_rows(ops, x, ranges_of(offsets), offsets.back(), y);
   }
-  // x is the forward's input (unchanged since); dy [R, O] → dx [R, M]; accumulates parameter gradients.
-  // Experts with a split backward run it as its two parts.
+  // x is the forward's input (unchanged since); dy [R, O] → dx [R, M]; accumulates parameter gradients, one
+  // product per segment (for_each_segment: an expert's rows cut where `cuts` says another source's rows
+  // begin; empty: one source). Experts with a split backward run it as its two parts.
   virtual void backward(const Ops<S>& ops, const S* x, const S* dy, std::span<const int64_t> offsets,
-                        Acc* dx) {
+                        std::span<const int64_t> cuts, Acc* dx) {
     backward_rows(ops, x, dy, ranges_of(offsets), offsets.back(), dx);
-    backward_params(ops, x, dy, offsets);
+    backward_params(ops, x, dy, offsets, cuts);
   }
   // Backward in two parts, for overlapped chunks: backward_rows writes dx for the given row ranges (a row's
   // dx depends on that row alone) and may come in several calls with the same total_rows; backward_params
-  // then accumulates the parameter gradients over every row, in buffer order, so that the sum order (and
-  // every bit) is that of backward(). Only where supports_split_backward().
+  // then accumulates the parameter gradients over every row, in buffer order, one product per segment, so
+  // that the sum order (and every bit) is that of backward(). Only where supports_split_backward().
   virtual bool supports_split_backward() const { return false; }
   virtual void backward_rows(const Ops<S>&, const S*, const S*, std::span<const ExpertRange>, int64_t, Acc*) {
     throw Error("experts: these experts have no split backward");
   }
-  virtual void backward_params(const Ops<S>&, const S*, const S*, std::span<const int64_t>) {
+  virtual void backward_params(const Ops<S>&, const S*, const S*, std::span<const int64_t>,
+                               std::span<const int64_t>) {
     throw Error("experts: these experts have no split backward");
   }
   virtual size_t workspace_bytes() const = 0;

@@ -265,7 +265,7 @@ class LayerEngine final : public LayerEngineBase {
     if (stage_)
       stage_->backward(ops_, dispatched_.data(), dyd, dxd);
     else
-      experts_->backward(ops_, dispatched_.data(), dyd, plan_.offsets, dxd);
+      experts_->backward(ops_, dispatched_.data(), dyd, plan_.offsets, {}, dxd);
     times.backward_experts = seconds_since(t0);
 
     // Encode backward: dx[t] = Σ_j w_j·dX[row_j]; without postscore, dg = ⟨dX[row], x[t]⟩.
