@@ -1,5 +1,4 @@
-// AMX BF16 GEMM for op(A) = A (op(A) = Aᵀ runs the AVX512-BF16 kernel; gemm_bf16 below says why):
-// TDPBF16PS on 16 × 16 f32 accumulator tiles, 2 × 2 of them against 2 op(A) and 2 op(B)
+// AMX BF16 GEMM: TDPBF16PS on 16 × 16 f32 accumulator tiles, 2 × 2 of them against 2 op(A) and 2 op(B)
 // tiles per 32-k step. Each C element takes linear_bf16tile.hpp's arithmetic (per 32-k step an even and an
 // odd f32 sum from +0, added to the running C value), k in ascending steps; k is cut into blocks of kKc
 // (a multiple of 32) with C stored and reloaded between them, which is exact, so the bits depend only on k's
@@ -216,12 +215,6 @@ void gemm_columns(const GemmArgs<bf16, float>& g, int64_t n0, int64_t n1) {
 }  // namespace
 
 void gemm_bf16(const GemmArgs<bf16, float>& g) {
-  // op(A) = Aᵀ is how the MoE layer's weight gradients reduce over token rows (k = the rows routed to an
-  // expert). Those bits must not depend on where the rows sit in k: an expert-parallel run gathers each
-  // rank's rows at other offsets than one process does, and must match it bit for bit. The tiles' bits
-  // depend on which 32-k step a row falls in; the AVX512-BF16 kernel's single chain per element is what the
-  // expert-parallel tests pin, so these products keep it.
-  if (g.trans_a) return avx512_bf16::gemm_bf16(g);
   if (gemm_trivial(g)) return;
   // Columns in 32-column ranges over the team (any split gives the same bits).
   const int64_t units = (g.n + 2 * kT - 1) / (2 * kT);
