@@ -180,26 +180,25 @@ constexpr int kMacsPerPackedElement = 16;
 // from 128). The blocks as at VDPBF16PS.
 constexpr int64_t kDirectMaxRows = 256;
 
+template <class In>
+void gemm(const GemmArgs<In, float>& args, const GemmBlocking& blocking) {
+  if (direct_bt_applies<DirectF32>(args, kDirectMaxRows)) return gemm_bt_direct<DirectF32>(args);
+  gemm_blocked<Kernel>(args, blocking, kMacsPerPackedElement);
+}
+
 }  // namespace
 
 void gemm_f32(const GemmArgs<float, float>& args) {
-  if (direct_bt_applies<DirectF32>(args, kDirectMaxRows)) return gemm_bt_direct<DirectF32>(args);
-  gemm_blocked<Kernel>(args, kBlocking, kMacsPerPackedElement);
+  gemm(args, kBlocking);
 }
-
 void gemm_bf16(const GemmArgs<bf16, float>& args) {
-  if (direct_bt_applies<DirectF32>(args, kDirectMaxRows)) return gemm_bt_direct<DirectF32>(args);
-  gemm_blocked<Kernel>(args, kBlocking, kMacsPerPackedElement);
+  gemm(args, kBlocking);
 }
-
 void gemm_f32_l2_blocks(const GemmArgs<float, float>& args) {
-  if (direct_bt_applies<DirectF32>(args, kDirectMaxRows)) return gemm_bt_direct<DirectF32>(args);
-  gemm_blocked<Kernel>(args, kL2Blocking, kMacsPerPackedElement);
+  gemm(args, kL2Blocking);
 }
-
 void gemm_bf16_l2_blocks(const GemmArgs<bf16, float>& args) {
-  if (direct_bt_applies<DirectF32>(args, kDirectMaxRows)) return gemm_bt_direct<DirectF32>(args);
-  gemm_blocked<Kernel>(args, kL2Blocking, kMacsPerPackedElement);
+  gemm(args, kL2Blocking);
 }
 
 }  // namespace xmoe::kernels::avx512
