@@ -48,12 +48,12 @@ XMOE_DECLARE_ELEMENTWISE
 XMOE_DECLARE_LINEAR_FLOAT
 }  // namespace avx2
 namespace avx512 {
-XMOE_DECLARE_GEMMS  // op(B) blocks sized for L3 (tuned on Zen 4)
-    // The same kernels with op(B) blocks that stay in L2 (gemm_avx512.cpp gives the figures), for CPUs with
-    // an L2 of at least 2 MiB (kernel_table.cpp).
-    void
-    gemm_f32_l2_blocks(const GemmArgs<float, float>& args);
+// gemm_f32 / gemm_bf16 below keep op(B) blocks sized for L3 (tuned on Zen 4); these are the same kernels with
+// op(B) blocks that stay in L2 (gemm_avx512.cpp gives the figures), for CPUs with an L2 of at least 2 MiB
+// (kernel_table.cpp).
+void gemm_f32_l2_blocks(const GemmArgs<float, float>& args);
 void gemm_bf16_l2_blocks(const GemmArgs<bf16, float>& args);
+XMOE_DECLARE_GEMMS
 XMOE_DECLARE_ELEMENTWISE
 XMOE_DECLARE_LINEAR_FLOAT
 }  // namespace avx512
