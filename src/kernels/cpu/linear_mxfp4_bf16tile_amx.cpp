@@ -52,12 +52,6 @@ struct Mxfp4TileCall {
         steps(padded / kBf16TileStep),
         ld(padded + 32) {}
 
-  // Rows [n, n + rows), columns [c0, c1) (whole chunks), decoded at panel + j · ldp + (c - c0); false where
-  // a code is left to the reference.
-  bool decode(int64_t n, int64_t rows, uint16_t* panel, int64_t ldp, int64_t c0, int64_t c1) const {
-    return avx512_bf16::mxfp4_decode_range(*a.w, n, rows, panel, ldp, c0, c1);
-  }
-
   // Decode shape: every 16 weight rows against the x B tiles (tile registers as the caller configured them).
   // Rows are decoded kGroupChunks chunks at a time into a ring of kAheadGroups + 1 slots (A tiles of 16 rows
   // kGroupChunks · 256 bytes apart) that stays in L1, a group kAheadGroups before its tiles are loaded (a
@@ -70,7 +64,7 @@ struct Mxfp4TileCall {
       const int64_t rows = std::min(kTile, a.n1 - n);
       const auto* base = reinterpret_cast<const uint8_t*>(a.w->data) + n * rb;
       const bool next = n + kTile + rows <= a.w->rows;
-      bool clean = true;
+      avx512_bf16::Mxfp4RowBlockDecoder decoder(*a.w, n, rows);
       zero<kDecodeC>();
       for (int64_t u = 0; u < groups + kAheadGroups; ++u) {
         if (u < groups) {
@@ -80,8 +74,8 @@ struct Mxfp4TileCall {
             for (int64_t j = 0; j < rows; ++j)
               for (int64_t line = 0; line < kGroupChunks; ++line)
                 _mm_prefetch(reinterpret_cast<const char*>(ahead + j * rb + 64 * line), _MM_HINT_T0);
-          clean &= decode(n, rows, ring + u % (kAheadGroups + 1) * kSlot, kGroupWords, c0,
-                          std::min(padded, c0 + kGroupWords));
+          decoder.decode(ring + u % (kAheadGroups + 1) * kSlot, kGroupWords, c0,
+                         std::min(padded, c0 + kGroupWords));
         }
         if (u < kAheadGroups) continue;
         const int64_t v = u - kAheadGroups, s0 = v * kGroupWords / 32,
@@ -93,7 +87,7 @@ struct Mxfp4TileCall {
             decode_product<S>(slot + (s - s0 + S) * 32, kGroupWords * 2, xb + (s + S) * 16 * a.m, a.m);
           });
       }
-      if (!clean) {
+      if (!decoder.clean()) {
         quant::reference_part(a, reference::linear_mxfp4_medium_tile, 0, a.m, n, rows);
         continue;
       }
@@ -110,7 +104,7 @@ struct Mxfp4TileCall {
       bool clean = true;
       for (int64_t n = p0, g = 0; n < p1; n += kTile, ++g) {
         const int64_t rows = std::min(kTile, p1 - n);
-        clean = clean && decode(n, rows, rows16, ld, 0, padded);
+        clean = clean && avx512_bf16::mxfp4_decode_rows(*a.w, n, rows, rows16, ld);
         if (!clean) break;
         for (int64_t s = 0; s < steps; ++s) {
           __m512i v[16];
