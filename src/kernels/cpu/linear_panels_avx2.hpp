@@ -3,16 +3,21 @@
 // caller, so a block-quantized weight is dequantised once per panel into f32 and then runs at the same
 // FMA rate as BF16. Include only from files compiled with the AVX2 flags.
 //
-// kPanelRows weight rows are decoded into a panel laid out step by step (step s holds the rows' 16 elements
-// p = 16s..16s+15, zero past k) and every tile of up to kTileRows x rows runs over it in registers. The 16
-// lanes of the shared summation order (linear_lanes.hpp) are two 8-float registers; each output is one FMA
-// chain per lane over ascending p and the fixed reduction, so the results are the reference's bit for bit.
+// As the AVX-512 variant (linear_panels_avx512.hpp): kPanelRows weight rows are decoded into a panel laid out
+// step by step (step s holds the rows' 16 elements p = 16s..16s+15, zero past k), the x rows are copied the
+// same way, tile by tile, kChunkRows at a time, and every tile of up to kTileRows x rows runs over the panel
+// in registers. The 16 lanes of the shared summation order (linear_lanes.hpp) are two 8-float registers;
+// each output is one FMA chain per lane over ascending p and the fixed reduction, so the results are the
+// reference's bit for bit. The x rows were read in place, each panel streaming all m of them from memory
+// (4 MiB at 512 × 2048) with a computed mask on every load: on Sapphire Rapids capped at AVX2 a 512-token
+// prefill ran at 28 % of the FMA peak.
 #pragma once
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 #include "kernels/cpu/linear_lanes.hpp"
@@ -22,6 +27,9 @@ namespace xmoe::kernels::avx2::panels {
 
 constexpr int kPanelRows = 2;
 constexpr int kTileRows = 3;  // 3 × 2 outputs × 2 halves = 12 accumulators + 2 weights + 1 x of 16 registers
+// x rows per pass over the weights: their packed copy (192 KiB at k = 1024, 384 KiB at 2048) stays in a Zen 3
+// core's 512 KiB L2 while the panels go by.
+constexpr int64_t kChunkRows = 48;
 
 // y[i, j] = the fixed reduction (linear_lanes.hpp) of the 16 lanes acc[0][i][j] (lanes 0–7) and acc[1][i][j]
 // (lanes 8–15).
@@ -38,8 +46,35 @@ inline void store_reduced(const __m256 (&acc)[2][MR][NR], float* y, int64_t ldy)
     }
 }
 
+// How m rows split into tiles of at most kTileRows, of nearly equal heights: tile t covers rows
+// [tile_start(m, t), tile_start(m, t + 1)).
+inline int64_t tile_count(int64_t m) {
+  return (m + kTileRows - 1) / kTileRows;
+}
+inline int64_t tile_start(int64_t m, int64_t t) {
+  return m * t / tile_count(m);
+}
+
+// Copies x rows [0, m) into tile layout: tile t's rows i0..i1 as [step][row][16] from i0 · steps · 16,
+// zeros past k.
+inline void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
+  const int64_t steps = (k + 15) / 16;
+  for (int64_t t = 0; t < tile_count(m); ++t) {
+    const int64_t i0 = tile_start(m, t), h = tile_start(m, t + 1) - i0;
+    float* tile = out + i0 * steps * 16;
+    for (int64_t i = 0; i < h; ++i)
+      for (int64_t s = 0; s < steps; ++s) {
+        float* dst = tile + (s * h + i) * 16;
+        const int64_t n = std::min<int64_t>(16, k - s * 16);
+        std::memcpy(dst, x + (i0 + i) * ldx + s * 16, static_cast<size_t>(n) * sizeof(float));
+        std::fill(dst + n, dst + 16, 0.0f);
+      }
+  }
+}
+
+// y[i, j] for the MR rows of one packed x tile and the panel's first NR (≤ kPanelRows) rows.
 template <int MR, int NR>
-void panel_tile(const float* x, int64_t ldx, const float* panel, int64_t k, float* y, int64_t ldy) {
+void panel_tile(const float* xt, const float* panel, int64_t steps, float* y, int64_t ldy) {
   __m256 acc[2][MR][NR];
 #pragma GCC unroll 2
   for (int h = 0; h < 2; ++h)
@@ -47,20 +82,17 @@ void panel_tile(const float* x, int64_t ldx, const float* panel, int64_t k, floa
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
       for (int j = 0; j < NR; ++j) acc[h][i][j] = _mm256_setzero_ps();
-  const float* pw = panel;
-  for (int64_t p = 0; p < k; p += 16, pw += kPanelRows * 16) {
-    // Lanes past k load as zeros (their weights are zeros too).
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i left = _mm256_set1_epi32(static_cast<int>(std::min<int64_t>(16, k - p)));
+  for (int64_t s = 0; s < steps; ++s) {
+    const float* pw = panel + s * kPanelRows * 16;
+    const float* px = xt + s * MR * 16;
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
-      const __m256i mask = _mm256_cmpgt_epi32(left, _mm256_add_epi32(lane, _mm256_set1_epi32(8 * h)));
       __m256 wv[NR];
 #pragma GCC unroll 4
       for (int j = 0; j < NR; ++j) wv[j] = _mm256_load_ps(pw + j * 16 + 8 * h);
 #pragma GCC unroll 4
       for (int i = 0; i < MR; ++i) {
-        const __m256 xv = _mm256_maskload_ps(x + i * ldx + p + 8 * h, mask);
+        const __m256 xv = _mm256_load_ps(px + i * 16 + 8 * h);
 #pragma GCC unroll 4
         for (int j = 0; j < NR; ++j) acc[h][i][j] = _mm256_fmadd_ps(xv, wv[j], acc[h][i][j]);
       }
@@ -69,41 +101,49 @@ void panel_tile(const float* x, int64_t ldx, const float* panel, int64_t k, floa
   store_reduced<MR, NR>(acc, y, ldy);
 }
 
-using PanelTileFn = void (*)(const float* x, int64_t ldx, const float* panel, int64_t k, float* y,
-                             int64_t ldy);
+using PanelTileFn = void (*)(const float* xt, const float* panel, int64_t steps, float* y, int64_t ldy);
 // panel_tile<MR, NR> by MR (1..kTileRows).
 template <int NR>
 constexpr PanelTileFn kPanelTiles[kTileRows + 1] = {nullptr, panel_tile<1, NR>, panel_tile<2, NR>,
                                                     panel_tile<3, NR>};
 
-// The m rows in tiles of at most kTileRows, of nearly equal heights.
+// The m packed x rows over the panel's first NR rows, tile by tile.
 template <int NR>
-void panel_rows(const float* x, int64_t ldx, int64_t m, const float* panel, int64_t k, float* y,
-                int64_t ldy) {
-  const int64_t tiles = (m + kTileRows - 1) / kTileRows;
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t i0 = m * t / tiles, rows = m * (t + 1) / tiles - i0;
-    kPanelTiles<NR>[rows](x + i0 * ldx, ldx, panel, k, y + i0 * ldy, ldy);
+void panel_rows(const float* xp, int64_t m, const float* panel, int64_t steps, float* y, int64_t ldy) {
+  for (int64_t t = 0; t < tile_count(m); ++t) {
+    const int64_t i0 = tile_start(m, t);
+    kPanelTiles<NR>[tile_start(m, t + 1) - i0](xp + i0 * steps * 16, panel, steps, y + i0 * ldy, ldy);
   }
+}
+
+using AlignedFloats = std::unique_ptr<float[], decltype(&std::free)>;
+inline AlignedFloats aligned_floats(int64_t count) {
+  AlignedFloats p(static_cast<float*>(std::aligned_alloc(32, static_cast<size_t>(count) * sizeof(float))),
+                  &std::free);
+  XMOE_CHECK(p != nullptr, "linear: out of memory for ", count, " floats of packed operands");
+  return p;
 }
 
 // y[i, n] for i < m, n in [n0, n1) over weights of k columns that `pack_panel(j, rows, panel)` decodes:
 // weight rows [j, j + rows) (rows ≤ kPanelRows) as f32 into the panel's rows 0..rows-1 (row r's step s at
-// panel + (s · kPanelRows + r) · 16, 32-byte aligned, zeros past k; rows past `rows` are never read).
+// panel + (s · kPanelRows + r) · 16, 32-byte aligned, zeros past k; rows past `rows` are never read). It
+// runs once per panel and chunk of kChunkRows x rows.
 template <class PackPanel>
 void linear_panels(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t n0, int64_t n1, float* y,
                    int64_t ldy, PackPanel&& pack_panel) {
-  const size_t floats = static_cast<size_t>((k + 15) / 16 * kPanelRows * 16);
-  auto panel = std::unique_ptr<float[], decltype(&std::free)>(
-      static_cast<float*>(std::aligned_alloc(32, floats * sizeof(float))), &std::free);
-  XMOE_CHECK(panel != nullptr, "linear: out of memory for a ", kPanelRows, " x ", k, " weight panel");
-  for (int64_t j = n0; j < n1; j += kPanelRows) {
-    const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, n1 - j));
-    pack_panel(j, rows, panel.get());
-    if (rows == kPanelRows) {
-      panel_rows<kPanelRows>(x, ldx, m, panel.get(), k, y + j, ldy);
-    } else {
-      panel_rows<1>(x, ldx, m, panel.get(), k, y + j, ldy);
+  const int64_t steps = (k + 15) / 16;
+  const AlignedFloats panel = aligned_floats(steps * kPanelRows * 16);
+  const AlignedFloats xp = aligned_floats(std::min(m, kChunkRows) * steps * 16);
+  for (int64_t c0 = 0; c0 < m; c0 += kChunkRows) {
+    const int64_t rows = std::min(kChunkRows, m - c0);
+    pack_x(x + c0 * ldx, ldx, rows, k, xp.get());
+    for (int64_t j = n0; j < n1; j += kPanelRows) {
+      const int count = static_cast<int>(std::min<int64_t>(kPanelRows, n1 - j));
+      pack_panel(j, count, panel.get());
+      if (count == kPanelRows)
+        panel_rows<kPanelRows>(xp.get(), rows, panel.get(), steps, y + c0 * ldy + j, ldy);
+      else
+        panel_rows<1>(xp.get(), rows, panel.get(), steps, y + c0 * ldy + j, ldy);
     }
   }
 }
