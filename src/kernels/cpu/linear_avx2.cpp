@@ -171,7 +171,8 @@ void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int
       for (int j = 0; j < NR; ++j) wv[j] = load8(ws[j] + 8 * h);
 #pragma GCC unroll 4
       for (int i = 0; i < MR; ++i) {
-        const __m256 xv = _mm256_load_ps(px + i * 16 + 8 * h);
+        __m256 xv = _mm256_load_ps(px + i * 16 + 8 * h);
+        asm("" : "+x"(xv));  // one load per x vector (as in panels::panel_tile)
 #pragma GCC unroll 4
         for (int j = 0; j < NR; ++j) acc[h][i][j] = _mm256_fmadd_ps(xv, wv[j], acc[h][i][j]);
       }
