@@ -216,22 +216,11 @@ void few_rows_group(const float* xp, int64_t m, int64_t steps, const W* w, int64
 template <class W>
 void linear_few_rows(const float* x, int64_t ldx, int64_t m, const W* w, int64_t ldw, int64_t k, int64_t n0,
                      int64_t n1, float* y, int64_t ldy) {
-  const int64_t steps = (k + 15) / 16, tiles = (m + kFewTileRows - 1) / kFewTileRows;
-  const size_t floats = static_cast<size_t>(m * steps * 16);
-  auto xp = std::unique_ptr<float[], decltype(&std::free)>(
-      static_cast<float*>(std::aligned_alloc(32, floats * sizeof(float))), &std::free);
-  XMOE_CHECK(xp != nullptr, "linear: out of memory for ", m, " x ", k, " packed rows");
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t i0 = m * t / tiles, rows = m * (t + 1) / tiles - i0;
-    float* tile = xp.get() + i0 * steps * 16;
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t s = 0; s < steps; ++s) {
-        float* out = tile + (s * rows + i) * 16;
-        const int64_t n = std::min<int64_t>(16, k - s * 16);
-        std::memcpy(out, x + (i0 + i) * ldx + s * 16, static_cast<size_t>(n) * sizeof(float));
-        std::fill(out + n, out + 16, 0.0f);
-      }
-  }
+  // The x rows in the panel GEMM's tile layout (tiles of kFewTileRows rows, as few_rows_group splits them).
+  static_assert(kFewTileRows == panels::kTileRows);
+  const int64_t steps = (k + 15) / 16;
+  const panels::AlignedFloats xp = panels::aligned_floats(m * steps * 16);
+  panels::pack_x(x, ldx, m, k, xp.get());
   const auto row_ptr = [&](int64_t j) { return reinterpret_cast<const char*>(w + j * ldw); };
   const auto bytes_of_rows = [&](int64_t a, int64_t b) { return (b - a) * ldw * int64_t(sizeof(W)); };
   int64_t j = n0;
