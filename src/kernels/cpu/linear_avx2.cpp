@@ -8,7 +8,6 @@
 #include <cstring>
 #include <memory>
 
-#include "kernels/cpu/linear_lanes.hpp"
 #include "kernels/cpu/linear_panels_avx2.hpp"
 #include "kernels/cpu/prefetch_slice.hpp"
 #include "kernels/cpu/variants.hpp"
@@ -72,15 +71,10 @@ void tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k, float
     for (int j = 0; j < NR; ++j) ws[j] = wt[j];
     step(xs, ws);
   }
-  alignas(32) float lanes[16];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) {
-      _mm256_store_ps(lanes, lo[i][j]);
-      _mm256_store_ps(lanes + 8, hi[i][j]);
-      y[i * ldy + j] = reduce_lanes(lanes);
-    }
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = panels::reduce16(lo[i][j], hi[i][j]);
 }
 
 // Columns [n0, n1) for MR rows: NR weight rows at a time, then one at a time for the tail.

@@ -20,7 +20,6 @@
 #include <cstring>
 #include <memory>
 
-#include "kernels/cpu/linear_lanes.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::kernels::avx2::panels {
@@ -31,19 +30,23 @@ constexpr int kTileRows = 3;  // 3 × 2 outputs × 2 halves = 12 accumulators + 
 // core's 512 KiB L2 while the panels go by.
 constexpr int64_t kChunkRows = 48;
 
-// y[i, j] = the fixed reduction (linear_lanes.hpp) of the 16 lanes acc[0][i][j] (lanes 0–7) and acc[1][i][j]
-// (lanes 8–15).
+// reduce_lanes (linear_lanes.hpp) in registers: halves (l + 8), then l + 4, l + 2, l + 1 — the same
+// additions, so the same bits, in 7 instructions instead of two stores and 15 dependent scalar adds.
+inline float reduce16(__m256 lo, __m256 hi) {
+  const __m256 s8 = _mm256_add_ps(lo, hi);
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+
+// y[i, j] = the fixed reduction of the 16 lanes acc[0][i][j] (lanes 0–7) and acc[1][i][j] (lanes 8–15).
 template <int MR, int NR>
 inline void store_reduced(const __m256 (&acc)[2][MR][NR], float* y, int64_t ldy) {
-  alignas(32) float lanes[16];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) {
-      _mm256_store_ps(lanes, acc[0][i][j]);
-      _mm256_store_ps(lanes + 8, acc[1][i][j]);
-      y[i * ldy + j] = reduce_lanes(lanes);
-    }
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[0][i][j], acc[1][i][j]);
 }
 
 // How m rows split into tiles of at most kTileRows, of nearly equal heights: tile t covers rows

@@ -22,14 +22,7 @@ struct V16 {
   __m256 lo, hi;
 };
 
-// reduce_lanes in registers: halves (l + 8), then l + 4, l + 2, l + 1.
-inline float reduce16(__m256 lo, __m256 hi) {
-  const __m256 s8 = _mm256_add_ps(lo, hi);
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
-}
+using panels::reduce16;
 
 // Lanes [0, left) of a 16-lane step as two 8-lane masks (all ones when left ≥ 16).
 struct TailMask {
