@@ -152,41 +152,45 @@ struct Fp4Scales {
   }
 };
 
-// MXFP4 rows [n, n + rows) as bf16 weights (E2M1 value · 2^(code - 127), exact) in chunk order, columns
-// [c0, min(k, c1)) (c0 a multiple of 128; the last chunk whole) of row j at panel + j · ldp + (c - c0) (ldp:
-// the chunks' words at least; codes past k read as zeros); false when a scale code outside 2..252 was met.
-inline bool mxfp4_decode_range(const PackedWeight& w, int64_t n, int64_t rows, uint16_t* panel, int64_t ldp,
-                               int64_t c0, int64_t c1) {
+// One 128-code MXFP4 chunk (raw: its 64 bytes) as bf16 weights, E2M1 value · 2^(code - 127) exact, in chunk
+// order at out (4 steps of 32 words); change: each lane's exponent change (Fp4Scales::exponent_change).
+inline void store_mxfp4_chunk(__m512i raw, __m512i change, __m512i table, uint16_t* out) {
+#pragma GCC unroll 4
+  for (int s = 0; s < 4; ++s)
+    _mm512_store_si512(out + 32 * s,
+                       (__m512i)Fp4Scales<false>::scaled(
+                           _mm512_permutexvar_epi16(
+                               s == 0 ? raw : _mm512_srli_epi16(raw, static_cast<unsigned>(4 * s)), table),
+                           change));
+}
+
+// MXFP4 rows [n, n + rows) as bf16 weights in chunk order, row j at panel + j · ldp (ldp: k padded to 128;
+// the last chunk whole, codes past k read as zeros); false when a scale code outside 2..252 was met.
+inline bool mxfp4_decode_rows(const PackedWeight& w, int64_t n, int64_t rows, uint16_t* panel, int64_t ldp) {
   using Scales = Fp4Scales<false>;
   constexpr int64_t kGroup = 128 * Scales::kGroupChunks;
-  const int64_t k = w.cols, end = std::min(k, c1);
+  const int64_t k = w.cols;
   const __m512i table = e2m1_bf16_table();
   Scales scales{_mm512_setzero_ps()};
   for (int64_t j = 0; j < rows; ++j) {
     const auto* row = reinterpret_cast<const uint8_t*>(w.data) + (n + j) * w.row_bytes;
     const auto* codes = reinterpret_cast<const uint8_t*>(w.scales) + (n + j) * w.scale_row_stride;
     __m512i words = _mm512_setzero_si512(), index = Scales::full_first_index();
-    for (int64_t c = c0; c < end; c += 128, index = Scales::next_index(index)) {
+    for (int64_t c = 0; c < k; c += 128, index = Scales::next_index(index)) {
       const int64_t left = k - c;
-      if ((c - c0) % kGroup == 0) {  // the next 32 scale codes, as fp4_tile takes them
+      if (c % kGroup == 0) {  // the next 32 scale codes, as fp4_tile takes them
         words = scales.words(codes + c / Scales::kBlock, left / Scales::kBlock);
         index = Scales::full_first_index();
       }
       const __m512i raw = left >= 128 ? _mm512_loadu_si512(row + c / 2)
                                       : _mm512_maskz_loadu_epi8(byte_mask(left / 2), row + c / 2);
-      const __m512i change = Scales::exponent_change(words, index);
-      for (int s = 0; s < 4; ++s)
-        _mm512_store_si512(
-            panel + j * ldp + (c - c0) + 32 * s,
-            (__m512i)Scales::scaled(
-                _mm512_permutexvar_epi16(s == 0 ? raw : _mm512_srli_epi16(raw, static_cast<unsigned>(4 * s)),
-                                         table),
-                change));
+      store_mxfp4_chunk(raw, Scales::exponent_change(words, index), table, panel + j * ldp + c);
     }
   }
   return scales.clean(2, 252);
 }
-// MXFP4 rows [n, n + rows) (at most kMaxRows) decoded as mxfp4_decode_range decodes them, a few chunks per
+
+// MXFP4 rows [n, n + rows) (at most kMaxRows) decoded as mxfp4_decode_rows decodes them, a few chunks per
 // call and rows inside chunks: the AMX decode shape walks a block of 16 rows through k a group of chunks at a
 // time, and decoding each call's columns row by row cost it a fresh load of the row's 32 scale codes every
 // call and the chunk's lane index per row. Here each row's scale words live across calls (read once per 1024
@@ -205,7 +209,7 @@ class Mxfp4RowBlockDecoder {
   void decode(uint16_t* panel, int64_t ldp, int64_t c0, int64_t c1) {
     constexpr int64_t kGroup = 128 * Scales::kGroupChunks;
     const int64_t k = w_.cols, end = std::min(k, c1);
-    const __m512i table = e2m1_bf16_table(), bias = _mm512_set1_epi16(127 << 7);
+    const __m512i table = e2m1_bf16_table();
     for (int64_t c = c0; c < end; c += 128) {
       if (c / kGroup != group_) {
         group_ = c / kGroup;
@@ -220,24 +224,13 @@ class Mxfp4RowBlockDecoder {
       const int64_t left = k - c;
       const __mmask64 bytes = left >= 128 ? ~__mmask64(0) : byte_mask(left / 2);
       uint16_t* out = panel + (c - c0);
-      for (int64_t j = 0; j < rows_; ++j) {
-        const __m512i raw = _mm512_maskz_loadu_epi8(bytes, data_ + j * w_.row_bytes + c / 2);
-        const __m512i change = _mm512_sub_epi16(_mm512_permutexvar_epi16(index, words_[j]), bias);
-#pragma GCC unroll 4
-        for (int s = 0; s < 4; ++s)
-          _mm512_store_si512(
-              out + j * ldp + 32 * s,
-              (__m512i)Scales::scaled(
-                  _mm512_permutexvar_epi16(
-                      s == 0 ? raw : _mm512_srli_epi16(raw, static_cast<unsigned>(4 * s)), table),
-                  change));
-      }
+      for (int64_t j = 0; j < rows_; ++j)
+        store_mxfp4_chunk(_mm512_maskz_loadu_epi8(bytes, data_ + j * w_.row_bytes + c / 2),
+                          Scales::exponent_change(words_[j], index), table, out + j * ldp);
     }
   }
   // False when a scale code outside 2..252 was met (the exponent change does not reproduce it).
-  bool clean() const {
-    return scales_.clean(2, 252);
-  }
+  bool clean() const { return scales_.clean(2, 252); }
 
  private:
   using Scales = Fp4Scales<false>;
@@ -249,10 +242,5 @@ class Mxfp4RowBlockDecoder {
   int64_t group_ = -1;  // the group of 8 chunks whose scale words are in words_
   __m512i words_[kMaxRows];
 };
-
-// All columns: row j at panel + j · ldp (ldp: k padded to 128).
-inline bool mxfp4_decode_rows(const PackedWeight& w, int64_t n, int64_t rows, uint16_t* panel, int64_t ldp) {
-  return mxfp4_decode_range(w, n, rows, panel, ldp, 0, w.cols);
-}
 
 }  // namespace xmoe::kernels::avx512_bf16
