@@ -78,7 +78,7 @@ TEST(LinearKernels, VariantsMatchReferenceBitForBit) {
     for (WeightFormat format : {WeightFormat::f32, WeightFormat::bf16, WeightFormat::f16})
       for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 100})
         for (int64_t n : {1, 7, 8, 13, 33})
-          for (int64_t k : {1, 15, 16, 17, 48, 64, 100})
+          for (int64_t k : {1, 15, 16, 17, 48, 64, 100, 1000})
             for (int64_t pad : {0, 5}) {
               std::vector<float> x(static_cast<size_t>(m * k)), v(static_cast<size_t>(n * k));
               for (float& e : x) e = nd(rng);
