@@ -124,25 +124,29 @@ void rows_block(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k,
 // them; each output is still one 16-lane chain over ascending p and the fixed reduction, so the results are
 // the m < 4 path's (and the reference's) bit for bit. Decodes weight rows [j, j + rows) (rows ≤ kPanelRows;
 // the missing rows are zeros) into `panel`, and asks for the next panel's rows (`next`, `next_rows`) to come
-// into L2 while it reads these.
+// into L2 while it reads these. It reads the rows step by step side by side, not one after another: four
+// streams in flight instead of one (a bf16 row of k = 2048 is a 4 KiB page, where the hardware prefetcher
+// starts again). Decoding alone from DRAM, one thread on Sapphire Rapids: 9.2 → 13.2 GB/s of bf16; `xmoe
+// linear-bench --threads 1 --clock thread --isa avx512_bf16 --rows 32`: f32 weights (two pages a row) 86–92
+// → 87–106 GFLOP/s, bf16 level (108–112 either way).
 template <class W>
 void pack_panel(const W* w, int64_t ldw, int64_t k, int rows, const W* next, int next_rows, float* panel) {
   const int64_t steps = (k + 15) / 16;
-  for (int j = 0; j < kPanelRows; ++j) {
-    if (j >= rows) {
-      for (int64_t s = 0; s < steps; ++s)
-        _mm512_store_ps(panel + (s * kPanelRows + j) * 16, _mm512_setzero_ps());
-      continue;
-    }
-    const W* row = w + j * ldw;
-    const char* ahead = j < next_rows ? reinterpret_cast<const char*>(next + j * ldw) : nullptr;
-    for (int64_t s = 0; s < steps; ++s) {
-      const int64_t p = s * 16;
-      const __mmask16 mask = k - p >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - p)) - 1);
-      // One prefetch per 64-byte line read: 16 elements span 64 bytes (f32) or 32 (bf16/f16).
-      if (ahead && (p * int64_t(sizeof(W))) % 64 == 0)
-        _mm_prefetch(ahead + p * int64_t(sizeof(W)), _MM_HINT_T1);
-      _mm512_store_ps(panel + (s * kPanelRows + j) * 16, load_w(row + p, mask));
+  for (int64_t s = 0; s < steps; ++s) {
+    const int64_t p = s * 16;
+    const __mmask16 mask = k - p >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - p)) - 1);
+    // One prefetch per 64-byte line read: 16 elements span 64 bytes (f32) or 32 (bf16/f16).
+    const bool line_start = (p * int64_t(sizeof(W))) % 64 == 0;
+#pragma GCC unroll 4
+    for (int j = 0; j < kPanelRows; ++j) {
+      float* out = panel + (s * kPanelRows + j) * 16;
+      if (j >= rows) {
+        _mm512_store_ps(out, _mm512_setzero_ps());
+        continue;
+      }
+      if (line_start && j < next_rows)
+        _mm_prefetch(reinterpret_cast<const char*>(next + j * ldw) + p * int64_t(sizeof(W)), _MM_HINT_T1);
+      _mm512_store_ps(out, load_w(w + j * ldw + p, mask));
     }
   }
 }
