@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "kernels/column_split.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::kernels {
@@ -46,18 +47,12 @@ void linear_forward(const KernelTable& table, const PackedWeight& w, const float
     fn(args);
     return;
   }
-  const int64_t blocks = (n + 7) / 8;
-#pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num(), team = omp_get_num_threads();
-    const int64_t b0 = blocks * t / team, b1 = blocks * (t + 1) / team;
-    if (b1 > b0) {
-      LinearArgs part = args;
-      part.n0 = b0 * 8;
-      part.n1 = std::min(n, b1 * 8);
-      fn(part);
-    }
-  }
+  split_columns(threads, m, (n + 7) / 8, n * w.row_bytes, [&](int64_t b0, int64_t b1) {
+    LinearArgs part = args;
+    part.n0 = b0 * 8;
+    part.n1 = std::min(n, b1 * 8);
+    fn(part);
+  });
 }
 
 std::optional<PackedWeight> join_rows(std::span<const PackedWeight> parts) {

@@ -1,7 +1,8 @@
 // The kernel table's linear kernels for unscaled formats (f32, bf16, f16 weights): every variant this CPU
 // runs gives the reference's bits (one shared summation order), for tile edges in m, n and k and for row
 // strides wider than a row (views into fused tensors); the reference is a dot product; linear_forward's
-// column split does not change a row's result; join_rows joins only adjacent views.
+// column split (equal shares, or decode's chunks handed out to free threads) does not change a row's result;
+// join_rows joins only adjacent views.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -141,6 +142,32 @@ TEST(LinearKernels, RowsDoNotDependOnTheBatchOrThreads) {
     }
     omp_set_num_threads(saved);
   }
+}
+
+TEST(LinearKernels, DecodeChunksHandedToThreadsKeepTheBits) {
+  // 8.5 MB of f32 weights: one row's product is cut into 16 chunks, 3 rows' into 10 (column_split.hpp), each
+  // handed to whichever thread is free; every column must still be the one-thread call's.
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  const int64_t k = 520, n = 4099;
+  std::vector<float> v(static_cast<size_t>(n * k)), x(static_cast<size_t>(3 * k));
+  for (float& e : v) e = nd(rng);
+  for (float& e : x) e = nd(rng);
+  const TestWeight tw(WeightFormat::f32, v, n, k, k);
+  const KernelTable& table = best_kernel_table(detect_cpu_features());
+  const int saved = omp_get_max_threads();
+  for (const int64_t m : {1, 3}) {
+    std::vector<float> alone(static_cast<size_t>(m * n)), shared(alone.size());
+    omp_set_num_threads(1);
+    linear_forward(table, tw.w, x.data(), m, alone.data());
+    for (const int threads : {2, 3}) {
+      omp_set_num_threads(threads);
+      std::fill(shared.begin(), shared.end(), -1.0f);
+      linear_forward(table, tw.w, x.data(), m, shared.data());
+      EXPECT_EQ(shared, alone) << "m=" << m << " threads=" << threads;
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 TEST(LinearKernels, JoinRowsJoinsOnlyAdjacentViews) {

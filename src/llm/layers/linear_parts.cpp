@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <exception>
 
+#include "kernels/column_split.hpp"
 #include "kernels/linear.hpp"
 #include "xmoe/error.hpp"
 
@@ -38,12 +39,13 @@ void linear_forward_parts(const kernels::KernelTable& table, std::span<const ker
     kernels::linear_forward(table, parts[0], x, m, ldx, y, ldy);
     return;
   }
-  int64_t units = 0, rows = 0;
+  int64_t units = 0, rows = 0, bytes = 0;
   for (const kernels::PackedWeight& w : parts) {
     XMOE_CHECK(w.cols == parts[0].cols, "linear parts: a part has ", w.cols, " columns, the first ",
                parts[0].cols);
     units += (w.rows + kBlock - 1) / kBlock;
     rows += w.rows;
+    bytes += w.rows * w.row_bytes;
   }
   if (m == 0 || units == 0) return;
   XMOE_CHECK(ldy >= rows, "linear parts: output rows ", ldy, " apart hold fewer than the parts' ", rows);
@@ -53,19 +55,8 @@ void linear_forward_parts(const kernels::KernelTable& table, std::span<const ker
     run_units(table, parts, x, m, ldx, y, ldy, 0, units);
     return;
   }
-  // An exception cannot leave a parallel region: the first one is kept and rethrown after it.
-  std::exception_ptr failure;
-#pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num(), team = omp_get_num_threads();
-    try {
-      run_units(table, parts, x, m, ldx, y, ldy, units * t / team, units * (t + 1) / team);
-    } catch (...) {
-#pragma omp critical(linear_parts_failure)
-      if (!failure) failure = std::current_exception();
-    }
-  }
-  if (failure) std::rethrow_exception(failure);
+  kernels::split_columns(threads, m, units, bytes,
+                         [&](int64_t u0, int64_t u1) { run_units(table, parts, x, m, ldx, y, ldy, u0, u1); });
 }
 
 }  // namespace xmoe::llm
