@@ -43,10 +43,6 @@ void linear_forward(const KernelTable& table, const PackedWeight& w, const float
   // Column blocks are whole multiples of 8 (the kernels' tile).
   const int threads =
       threads_for_macs(static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(w.cols));
-  if (threads <= 1) {
-    fn(args);
-    return;
-  }
   split_columns(threads, m, (n + 7) / 8, n * w.row_bytes, [&](int64_t b0, int64_t b1) {
     LinearArgs part = args;
     part.n0 = b0 * 8;

@@ -213,15 +213,16 @@ void linear_few_rows(const float* x, int64_t ldx, int64_t m, const W* w, int64_t
   // The x rows in the panel GEMM's tile layout (tiles of kFewTileRows rows, as few_rows_group splits them).
   static_assert(kFewTileRows == panels::kTileRows);
   const int64_t steps = (k + 15) / 16;
-  const panels::AlignedFloats xp = panels::aligned_floats(m * steps * 16);
-  panels::pack_x(x, ldx, m, k, xp.get());
+  Buffer<float> x_buffer;
+  float* const xp = x_buffer.ensure(static_cast<size_t>(m * steps * 16));
+  panels::pack_x(x, ldx, m, k, xp);
   const auto row_ptr = [&](int64_t j) { return reinterpret_cast<const char*>(w + j * ldw); };
   const auto bytes_of_rows = [&](int64_t a, int64_t b) { return (b - a) * ldw * int64_t(sizeof(W)); };
   int64_t j = n0;
   for (; j + kFewCols <= n1; j += kFewCols)
-    few_rows_group<kFewCols>(xp.get(), m, steps, w + j * ldw, ldw, k, y + j, ldy, row_ptr(j + kFewCols),
+    few_rows_group<kFewCols>(xp, m, steps, w + j * ldw, ldw, k, y + j, ldy, row_ptr(j + kFewCols),
                              bytes_of_rows(j + kFewCols, std::min(n1, j + 2 * kFewCols)));
-  for (; j < n1; ++j) few_rows_group<1>(xp.get(), m, steps, w + j * ldw, ldw, k, y + j, ldy, nullptr, 0);
+  for (; j < n1; ++j) few_rows_group<1>(xp, m, steps, w + j * ldw, ldw, k, y + j, ldy, nullptr, 0);
 }
 
 template <class W>

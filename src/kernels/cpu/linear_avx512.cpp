@@ -47,8 +47,6 @@ inline __m512 load_w(const f16* p, __mmask16 m) {
   return _mm512_maskz_cvtph_ps(0xffff, _mm256_maskz_loadu_epi16(m, p));  // maskz: see load_w(bf16)
 }
 
-using panels::aligned_floats;
-using panels::AlignedFloats;
 using panels::kPanelRows;
 using panels::pack_x;
 using panels::reduce16;
@@ -249,17 +247,18 @@ template <int C, int TR, class W>
 void few_rows(const float* x, int64_t ldx, int64_t m, const W* w, int64_t ldw, int64_t k, int64_t n0,
               int64_t n1, float* y, int64_t ldy) {
   const int64_t steps = (k + 15) / 16;
-  const AlignedFloats xp = aligned_floats(m * steps * 16);
-  pack_x(x, ldx, m, k, xp.get(), TR);
+  Buffer<float> x_buffer;
+  float* const xp = x_buffer.ensure(static_cast<size_t>(m * steps * 16));
+  pack_x(x, ldx, m, k, xp, TR);
   const auto row_ptr = [&](int64_t j) { return reinterpret_cast<const char*>(w + j * ldw); };
   const auto bytes_of_rows = [&](int64_t a, int64_t b) { return (b - a) * ldw * int64_t(sizeof(W)); };
   for (int64_t b = 0; b < bytes_of_rows(n0, std::min(n1, n0 + C)); b += 64)
     _mm_prefetch(row_ptr(n0) + b, _MM_HINT_T1);
   int64_t j = n0;
   for (; j + C <= n1; j += C)
-    few_rows_group<C, TR>(xp.get(), m, steps, w + j * ldw, ldw, k, y + j, ldy, row_ptr(j + C),
+    few_rows_group<C, TR>(xp, m, steps, w + j * ldw, ldw, k, y + j, ldy, row_ptr(j + C),
                           bytes_of_rows(j + C, std::min(n1, j + 2 * C)));
-  for (; j < n1; ++j) few_rows_group<1, TR>(xp.get(), m, steps, w + j * ldw, ldw, k, y + j, ldy, nullptr, 0);
+  for (; j < n1; ++j) few_rows_group<1, TR>(xp, m, steps, w + j * ldw, ldw, k, y + j, ldy, nullptr, 0);
 }
 
 template <class W>

@@ -17,11 +17,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
 
-#include "xmoe/error.hpp"
+#include "util/buffer.hpp"
 
 namespace xmoe::kernels::avx2::panels {
 
@@ -126,14 +124,6 @@ inline void panel_rows(const float* xp, int64_t m, const float* panel, int count
   }
 }
 
-using AlignedFloats = std::unique_ptr<float[], decltype(&std::free)>;
-inline AlignedFloats aligned_floats(int64_t count) {
-  AlignedFloats p(static_cast<float*>(std::aligned_alloc(32, static_cast<size_t>(count) * sizeof(float))),
-                  &std::free);
-  XMOE_CHECK(p != nullptr, "linear: out of memory for ", count, " floats of packed operands");
-  return p;
-}
-
 // y[i, n] for i < m, n in [n0, n1) over weights of k columns that `pack_panel(j, rows, panel)` decodes:
 // weight rows [j, j + rows) (rows ≤ kPanelRows) as f32 into the panel's rows 0..rows-1 (row r's step s at
 // panel + (s · kPanelRows + r) · 16, 32-byte aligned, zeros past k; rows past `rows` are never read). It
@@ -142,15 +132,16 @@ template <class PackPanel>
 void linear_panels(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t n0, int64_t n1, float* y,
                    int64_t ldy, PackPanel&& pack_panel) {
   const int64_t steps = (k + 15) / 16;
-  const AlignedFloats panel = aligned_floats(steps * kPanelRows * 16);
-  const AlignedFloats xp = aligned_floats(std::min(m, kChunkRows) * steps * 16);
+  Buffer<float> panel_buffer, x_buffer;
+  float* const panel = panel_buffer.ensure(static_cast<size_t>(steps * kPanelRows * 16));
+  float* const xp = x_buffer.ensure(static_cast<size_t>(std::min(m, kChunkRows) * steps * 16));
   for (int64_t c0 = 0; c0 < m; c0 += kChunkRows) {
     const int64_t rows = std::min(kChunkRows, m - c0);
-    pack_x(x + c0 * ldx, ldx, rows, k, xp.get());
+    pack_x(x + c0 * ldx, ldx, rows, k, xp);
     for (int64_t j = n0; j < n1; j += kPanelRows) {
       const int count = static_cast<int>(std::min<int64_t>(kPanelRows, n1 - j));
-      pack_panel(j, count, panel.get());
-      panel_rows(xp.get(), rows, panel.get(), count, steps, y + c0 * ldy + j, ldy);
+      pack_panel(j, count, panel);
+      panel_rows(xp, rows, panel, count, steps, y + c0 * ldy + j, ldy);
     }
   }
 }

@@ -51,10 +51,6 @@ void linear_forward_parts(const kernels::KernelTable& table, std::span<const ker
   XMOE_CHECK(ldy >= rows, "linear parts: output rows ", ldy, " apart hold fewer than the parts' ", rows);
   const int threads = kernels::threads_for_macs(static_cast<double>(m) * static_cast<double>(rows) *
                                                 static_cast<double>(parts[0].cols));
-  if (threads <= 1) {
-    run_units(table, parts, x, m, ldx, y, ldy, 0, units);
-    return;
-  }
   kernels::split_columns(threads, m, units, bytes,
                          [&](int64_t u0, int64_t u1) { run_units(table, parts, x, m, ldx, y, ldy, u0, u1); });
 }
