@@ -75,6 +75,7 @@ CLI::App* add_generate_subcommand(CLI::App& app, GenerateOptions& o) {
       ->check(CLI::IsMember({"reference", "avx2", "avx512", "avx512_bf16", "amx"}));
   add_matmul_precision_option(cmd, o.matmul_precision);
   add_prefault_option(cmd, o.prefault);
+  add_page_cache_option(cmd, o.page_cache);
   cmd->add_option("--threads", o.threads, "OpenMP threads (0 = default)")->check(non_negative_integer());
   o.batch_opt = cmd->add_option("--batch", o.batch,
                                 "N concurrent sequences, sequence i from prompt i mod the number of prompts "
@@ -291,7 +292,7 @@ int run_generate(const GenerateOptions& o) {
   const DType dtype = parse_dtype(o.dtype);
   const kernels::MatmulPrecision precision = effective_matmul_precision(o.matmul_precision, o.isa, dtype);
   const llm::PrefaultMode prefault_mode = llm::parse_prefault_mode(o.prefault);
-  bundle.load_weights(dtype, o.isa, precision, prefault_mode);
+  bundle.load_weights(dtype, o.isa, precision, prefault_mode, llm::parse_page_cache_mode(o.page_cache));
   if (bundle.prefault.worth_saying(prefault_mode))
     std::fprintf(stderr, "%s\n", bundle.prefault.summary().c_str());
   const std::unique_ptr<llm::CausalLM>& model = bundle.model;

@@ -32,6 +32,7 @@ struct GenerateOptions {
   std::string isa;
   std::string matmul_precision = "highest";
   std::string prefault = "auto";
+  std::string page_cache = "auto";
   int threads = 0;
   int batch = 1;
   int64_t kv_cache_mb = 1024;

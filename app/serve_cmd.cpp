@@ -66,6 +66,7 @@ CLI::App* add_serve_subcommand(CLI::App& app, ServeOptions& o) {
       ->check(CLI::IsMember({"reference", "avx2", "avx512", "avx512_bf16", "amx"}));
   add_matmul_precision_option(cmd, o.matmul_precision);
   add_prefault_option(cmd, o.prefault);
+  add_page_cache_option(cmd, o.page_cache);
   cmd->add_option("--max-body-mb", o.max_body_mb, "largest request body in MiB (413 beyond)")
       ->check(positive)
       ->capture_default_str();
@@ -106,7 +107,8 @@ int run_serve(const ServeOptions& o) {
   const DType dtype = parse_dtype(o.dtype);
   const kernels::MatmulPrecision precision = effective_matmul_precision(o.matmul_precision, o.isa, dtype);
   const llm::PrefaultMode prefault_mode = llm::parse_prefault_mode(o.prefault);
-  bundle.load_weights(dtype, o.isa, precision, prefault_mode);  // Ctrl-C still ends the process here
+  bundle.load_weights(dtype, o.isa, precision, prefault_mode,
+                      llm::parse_page_cache_mode(o.page_cache));  // Ctrl-C still ends the process here
   if (bundle.prefault.worth_saying(prefault_mode))
     std::fprintf(stderr, "xmoe serve: %s\n", bundle.prefault.summary().c_str());
 

@@ -23,6 +23,7 @@ struct ServeOptions {
   std::string isa;
   std::string matmul_precision = "highest";
   std::string prefault = "auto";
+  std::string page_cache = "auto";
   int64_t max_body_mb = 32;
   int http_threads = 0;  // 0: max_batch + max_queue + 8 (each open connection holds one)
   double shutdown_grace_s = 5.0;

@@ -39,10 +39,15 @@ class SafetensorsFile {
   // what the page cache lacks, so that later reads of them take no page fault. Returns 0, or the errno of
   // madvise(MADV_POPULATE_READ) (EINVAL on kernels before 5.14, EFAULT if the file shrank).
   int prefault(size_t begin, size_t end) const;
+  // The whole file as mapped (read-only, MAP_PRIVATE, advised MADV_HUGEPAGE).
+  std::span<const std::byte> mapping() const {
+    return {static_cast<const std::byte*>(mapping_.get()), mapping_size_};
+  }
 
  private:
   std::string path_;
   std::shared_ptr<void> mapping_;  // unmapped when the last view is gone
+  size_t mapping_size_ = 0;
   const std::byte* data_ = nullptr;
   size_t data_size_ = 0;
   std::map<std::string, std::string> metadata_;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "io/page_cache.hpp"
 #include "util/text_file.hpp"
 #include "xmoe/dtype.hpp"
 #include "xmoe/error.hpp"
@@ -312,6 +313,29 @@ Checkpoint::PrefaultResult Checkpoint::prefault(const ProgressFn& progress) cons
         if (progress) progress(std::min(result.bytes, total), total);
       }
     }
+  }
+  return result;
+}
+
+Checkpoint::HugePages Checkpoint::huge_pages() const {
+  HugePages pages;
+  const std::string smaps = io::self_smaps();
+  for (const auto& file : files_) {
+    pages.mapped += io::file_pmd_mapped(smaps, file->mapping());
+    pages.mappable += io::huge_mappable_bytes(file->mapping());
+  }
+  return pages;
+}
+
+Checkpoint::PrefaultResult Checkpoint::drop_cached_pages() const {
+  PrefaultResult result;
+  for (const auto& file : files_) {
+    result.error = io::drop_cached_pages(file->path(), file->mapping());
+    if (result.error != 0) {
+      result.file = file->path();
+      return result;
+    }
+    result.bytes += file->mapping().size();
   }
   return result;
 }

@@ -64,6 +64,14 @@ class Checkpoint {
     std::string file;  // the file it failed on
   };
   PrefaultResult prefault(const ProgressFn& progress = {}) const;
+  // How much of the files the kernel maps with 2 MiB entries now, of the most it could (io/page_cache.hpp).
+  struct HugePages {
+    size_t mapped = 0, mappable = 0;
+  };
+  HugePages huge_pages() const;
+  // Drops the files' page-cache pages (io::drop_cached_pages), so that the next prefault reads them from disk
+  // into 2 MiB pages. Stops at the first failure.
+  PrefaultResult drop_cached_pages() const;
 
  private:
   std::string dir_;

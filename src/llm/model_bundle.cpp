@@ -3,6 +3,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "io/page_cache.hpp"
 #include "llm/progress_bar.hpp"
 #include "xmoe/error.hpp"
 
@@ -21,6 +22,10 @@ std::optional<Tokenizer> open_tokenizer(const std::string& dir) {
                                        std::filesystem::exists(config) ? config.string() : std::string());
 }
 
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 }  // namespace
 
 ModelBundle ModelBundle::open(const std::string& dir) {
@@ -32,7 +37,7 @@ ModelBundle ModelBundle::open(const std::string& dir) {
 }
 
 void ModelBundle::load_weights(DType dtype, const std::string& isa, kernels::MatmulPrecision precision,
-                               PrefaultMode prefault_mode) {
+                               PrefaultMode prefault_mode, PageCacheMode page_cache_mode) {
   // Before the load, so that the loader's own reads (validation, conversions) find the pages mapped too.
   prefault = PrefaultReport{};
   prefault.decision = decide_prefault(prefault_mode, checkpoint.total_bytes(), mem_available());
@@ -44,7 +49,8 @@ void ModelBundle::load_weights(DType dtype, const std::string& isa, kernels::Mat
     prefault.bytes = done.bytes;
     prefault.error = done.error;
     prefault.file = done.file;
-    prefault.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    prefault.seconds = seconds_since(start);
+    if (done.error == 0) reload_into_huge_pages(page_cache_mode);
   }
   LoadOptions load;
   load.dtype = dtype;
@@ -54,6 +60,31 @@ void ModelBundle::load_weights(DType dtype, const std::string& isa, kernels::Mat
   load.progress = bar.callback();
   model = load_model(checkpoint, load);
   bar.finish();
+}
+
+void ModelBundle::reload_into_huge_pages(PageCacheMode mode) {
+  const Checkpoint::HugePages pages = checkpoint.huge_pages();
+  prefault.huge_mapped = pages.mapped;
+  prefault.huge_mappable = pages.mappable;
+  if (!decide_reload(mode, pages.mapped, pages.mappable, io::transparent_huge_pages_enabled()).reload) return;
+  // Pages cached before the files were mapped (a checkpoint just written) keep their size; read anew through
+  // the advised mapping, they come back 2 MiB at a time.
+  const auto start = std::chrono::steady_clock::now();
+  prefault.reloaded = true;
+  prefault.huge_before = pages.mapped;
+  const Checkpoint::PrefaultResult dropped = checkpoint.drop_cached_pages();
+  prefault.reload_error = dropped.error;
+  prefault.reload_file = dropped.file;
+  // Also after a failed drop: the entries it removed are put back.
+  ProgressBar bar("reading " + dir + " again into 2 MiB pages");
+  const Checkpoint::PrefaultResult done = checkpoint.prefault(bar.callback());
+  bar.finish();
+  if (done.error != 0) {
+    prefault.error = done.error;
+    prefault.file = done.file;
+  }
+  prefault.reload_seconds = seconds_since(start);
+  prefault.huge_mapped = checkpoint.huge_pages().mapped;
 }
 
 const Tokenizer& ModelBundle::require_tokenizer(const std::string& purpose) const {

@@ -26,13 +26,20 @@ struct ModelBundle {
   // missing or malformed file.
   static ModelBundle open(const std::string& dir);
   // Prefaults the mapped weights as `prefault_mode` decides (prefault.hpp; a failure is reported in
-  // `prefault`, not thrown), then loads them, each with a progress bar on stderr ("prefaulting DIR",
-  // "loading DIR").
+  // `prefault`, not thrown), reads them again into 2 MiB page-cache pages where `page_cache_mode` decides,
+  // then loads them, each with a progress bar on stderr ("prefaulting DIR", "reading DIR again into 2 MiB
+  // pages", "loading DIR").
   void load_weights(DType dtype, const std::string& isa,
                     kernels::MatmulPrecision precision = kernels::MatmulPrecision::highest,
-                    PrefaultMode prefault_mode = PrefaultMode::automatic);
+                    PrefaultMode prefault_mode = PrefaultMode::automatic,
+                    PageCacheMode page_cache_mode = PageCacheMode::automatic);
   // The tokenizer, or an error saying what needs it.
   const Tokenizer& require_tokenizer(const std::string& purpose) const;
+
+ private:
+  // After a prefault: measures the 2 MiB mappings into `prefault`, and drops and prefaults the files again
+  // where `mode` decides (prefault.hpp).
+  void reload_into_huge_pages(PageCacheMode mode);
 };
 
 }  // namespace xmoe::llm

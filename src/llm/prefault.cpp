@@ -16,6 +16,13 @@ PrefaultMode parse_prefault_mode(std::string_view text) {
   throw Error("prefault mode '" + std::string(text) + "' is not one of auto, on, off");
 }
 
+PageCacheMode parse_page_cache_mode(std::string_view text) {
+  if (text == "auto") return PageCacheMode::automatic;
+  if (text == "keep") return PageCacheMode::keep;
+  if (text == "reload") return PageCacheMode::reload;
+  throw Error("page-cache mode '" + std::string(text) + "' is not one of auto, keep, reload");
+}
+
 std::optional<size_t> parse_mem_available(std::string_view meminfo) {
   constexpr std::string_view key = "MemAvailable:";
   size_t at = 0;
@@ -69,6 +76,15 @@ PrefaultDecision decide_prefault(PrefaultMode mode, size_t checkpoint_bytes,
   return {false, "unknown mode"};
 }
 
+ReloadDecision decide_reload(PageCacheMode mode, size_t huge_mapped, size_t mappable, bool thp_enabled) {
+  if (mode == PageCacheMode::keep) return {false, "--page-cache keep"};
+  if (mappable == 0) return {false, "no file holds a whole 2 MiB block"};
+  if (!thp_enabled) return {false, "transparent huge pages are off"};
+  if (mode == PageCacheMode::reload) return {true, ""};
+  if (2 * huge_mapped >= mappable) return {false, "at least half is mapped in 2 MiB pages"};
+  return {true, ""};
+}
+
 std::string PrefaultReport::summary() const {
   if (!decision.prefault) return "weights not prefaulted: " + decision.reason;
   if (error != 0)
@@ -76,7 +92,21 @@ std::string PrefaultReport::summary() const {
            file + " failed: " + std::strerror(error) + "; the rest is faulted in as decode reads it";
   char seconds_text[32];
   std::snprintf(seconds_text, sizeof seconds_text, "%.2f s", seconds);
-  return "weights prefaulted: " + gigabytes(bytes) + " in " + seconds_text;
+  std::string text = "weights prefaulted: " + gigabytes(bytes) + " in " + seconds_text;
+  if (reload_error != 0)
+    return text + "; dropping " + reload_file +
+           " from the page cache to read it into 2 MiB pages failed: " + std::strerror(reload_error);
+  if (reloaded) {
+    std::snprintf(seconds_text, sizeof seconds_text, "%.2f s", reload_seconds);
+    text += ", " + gigabytes(huge_before) + " of them in 2 MiB pages; read again in " + seconds_text;
+  }
+  if (huge_mappable > 0)
+    text += ", " + gigabytes(huge_mapped) + " of " + gigabytes(huge_mappable) + " in 2 MiB pages";
+  if (reloaded && 2 * huge_mapped < huge_mappable)
+    text +=
+        " (this kernel or file system does not cache the files in 2 MiB pages; --page-cache keep skips the "
+        "re-read)";
+  return text;
 }
 
 }  // namespace xmoe::llm

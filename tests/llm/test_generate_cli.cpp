@@ -114,6 +114,13 @@ TEST(GenerateCli, PrefaultIsReportedAndAnUnknownModeRefused) {
   const auto bad = run_cli(base + "sometimes");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.output.find("--prefault"), std::string::npos) << bad.output;
+  // Reading the files again into 2 MiB pages changes where the bytes sit, not what they are.
+  const auto reread = run_cli(base + "on --page-cache reload");
+  ASSERT_EQ(reread.code, 0) << reread.output;
+  EXPECT_EQ(generated_ids(reread.output), generated_ids(on.output));
+  const auto bad_cache = run_cli(base + "on --page-cache sometimes");
+  EXPECT_NE(bad_cache.code, 0);
+  EXPECT_NE(bad_cache.output.find("--page-cache"), std::string::npos) << bad_cache.output;
 }
 
 TEST(GenerateCli, SeededSamplingDoesNotDependOnThreadsOrBatch) {

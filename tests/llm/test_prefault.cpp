@@ -77,4 +77,67 @@ TEST(Prefault, ReportSaysWhatHappened) {
   EXPECT_EQ(skipped.summary(), "weights not prefaulted: --prefault off");
 }
 
+TEST(Prefault, PageCacheModesParseAndAnUnknownOneIsNamed) {
+  using xmoe::llm::PageCacheMode;
+  using xmoe::llm::parse_page_cache_mode;
+  EXPECT_EQ(parse_page_cache_mode("auto"), PageCacheMode::automatic);
+  EXPECT_EQ(parse_page_cache_mode("keep"), PageCacheMode::keep);
+  EXPECT_EQ(parse_page_cache_mode("reload"), PageCacheMode::reload);
+  try {
+    parse_page_cache_mode("huge");
+    ADD_FAILURE() << "'huge' parsed";
+  } catch (const xmoe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'huge'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Prefault, AutomaticReloadsWhenLessThanHalfIsMappedIn2MiBPages) {
+  using xmoe::llm::decide_reload;
+  using xmoe::llm::PageCacheMode;
+  constexpr size_t mappable = 11 * kGB;
+  EXPECT_TRUE(decide_reload(PageCacheMode::automatic, 0, mappable, true).reload);
+  EXPECT_TRUE(decide_reload(PageCacheMode::automatic, mappable / 2 - 1, mappable, true).reload);
+  const auto enough = decide_reload(PageCacheMode::automatic, mappable / 2, mappable, true);
+  EXPECT_FALSE(enough.reload);
+  EXPECT_NE(enough.reason.find("half"), std::string::npos) << enough.reason;
+  // Where it cannot help: transparent huge pages off, or files too small for one 2 MiB block.
+  const auto off = decide_reload(PageCacheMode::automatic, 0, mappable, false);
+  EXPECT_FALSE(off.reload);
+  EXPECT_NE(off.reason.find("transparent huge pages"), std::string::npos) << off.reason;
+  EXPECT_FALSE(decide_reload(PageCacheMode::automatic, 0, 0, true).reload);
+  EXPECT_FALSE(decide_reload(PageCacheMode::reload, 0, 0, true).reload);
+  // Asked for, whatever is mapped already; refused, never.
+  EXPECT_TRUE(decide_reload(PageCacheMode::reload, mappable, mappable, true).reload);
+  EXPECT_FALSE(decide_reload(PageCacheMode::keep, 0, mappable, true).reload);
+}
+
+TEST(Prefault, ReportSaysWhatTheReReadDid) {
+  PrefaultReport done;
+  done.decision.prefault = true;
+  done.bytes = 11'210'000'000;
+  done.seconds = 0.914;
+  done.huge_mapped = 11'200'000'000;
+  done.huge_mappable = 11'210'000'000;
+  EXPECT_EQ(done.summary(), "weights prefaulted: 11.21 GB in 0.91 s, 11.20 GB of 11.21 GB in 2 MiB pages");
+  EXPECT_FALSE(done.worth_saying(xmoe::llm::PrefaultMode::automatic));
+  PrefaultReport reread = done;
+  reread.reloaded = true;
+  reread.huge_before = 0;
+  reread.reload_seconds = 6.4;
+  EXPECT_EQ(reread.summary(),
+            "weights prefaulted: 11.21 GB in 0.91 s, 0.00 GB of them in 2 MiB pages; read again in 6.40 s, "
+            "11.20 GB of 11.21 GB in 2 MiB pages");
+  EXPECT_TRUE(reread.worth_saying(xmoe::llm::PrefaultMode::automatic));
+  PrefaultReport futile = reread;
+  futile.huge_mapped = 0;
+  EXPECT_NE(futile.summary().find("does not cache the files in 2 MiB pages"), std::string::npos)
+      << futile.summary();
+  PrefaultReport refused = reread;
+  refused.reload_error = 30;  // EROFS
+  refused.reload_file = "/m/model-00002-of-00003.safetensors";
+  EXPECT_NE(refused.summary().find("/m/model-00002-of-00003.safetensors"), std::string::npos)
+      << refused.summary();
+  EXPECT_NE(refused.summary().find("Read-only file system"), std::string::npos) << refused.summary();
+}
+
 }  // namespace
