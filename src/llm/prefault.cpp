@@ -104,8 +104,8 @@ std::string PrefaultReport::summary() const {
     text += ", " + gigabytes(huge_mapped) + " of " + gigabytes(huge_mappable) + " in 2 MiB pages";
   if (reloaded && 2 * huge_mapped < huge_mappable)
     text +=
-        " (this kernel or file system does not cache the files in 2 MiB pages; --page-cache keep skips the "
-        "re-read)";
+        " (most stayed in smaller pages: this kernel or file system does not cache files in 2 MiB pages, "
+        "or another process maps them; --page-cache keep skips the re-read)";
   return text;
 }
 

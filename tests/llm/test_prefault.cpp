@@ -130,7 +130,7 @@ TEST(Prefault, ReportSaysWhatTheReReadDid) {
   EXPECT_TRUE(reread.worth_saying(xmoe::llm::PrefaultMode::automatic));
   PrefaultReport futile = reread;
   futile.huge_mapped = 0;
-  EXPECT_NE(futile.summary().find("does not cache the files in 2 MiB pages"), std::string::npos)
+  EXPECT_NE(futile.summary().find("does not cache files in 2 MiB pages"), std::string::npos)
       << futile.summary();
   PrefaultReport refused = reread;
   refused.reload_error = 30;  // EROFS
