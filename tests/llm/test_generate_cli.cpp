@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli_runner.hpp"
+#include "io/page_cache.hpp"
 #include "llm/chat_setup.hpp"
 #include "xmoe/error.hpp"
 #include "xmoe/safetensors.hpp"
@@ -181,6 +182,36 @@ TEST(GenerateCli, SeveralPromptsDecodeTogetherEachAsAlone) {
     EXPECT_EQ(sequence_ids(sampled.output, i), generated_ids(alone.output));
   }
   EXPECT_NE(sequence_ids(sampled.output, 3), sequence_ids(sampled.output, 0));  // same prompt, other seed
+}
+
+// A checkpoint just written sits in the page cache in small pages; --page-cache reload drops it and reads it
+// again (into 2 MiB pages where the kernel can), and decodes the same ids as the pages it had.
+TEST(GenerateCli, PageCacheReloadReadsAJustWrittenCheckpointAgain) {
+  const std::string dir =
+      (fs::temp_directory_path() / ("xmoe_page_cache_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ifstream in(kModels + "/untied-yarn/config.json");
+  nlohmann::json cfg = nlohmann::json::parse(in);
+  cfg["vocab_size"] = 32768;  // embeddings and lm_head of 8 MiB each in f32: whole 2 MiB blocks
+  std::ofstream(dir + "/config.json") << cfg.dump(2);
+  const auto made =
+      run_cli("init-model --config " + dir + "/config.json --out " + dir + "/model --dtype f32");
+  ASSERT_EQ(made.code, 0) << made.output;
+  const std::string base = "generate --model " + dir +
+                           "/model --prompt-ids 1,2,3 --max-tokens 3 --temperature 0 --dtype f32 --print-ids "
+                           "--measure-bandwidth --prefault on --page-cache ";
+  const auto kept = run_cli(base + "keep");
+  ASSERT_EQ(kept.code, 0) << kept.output;
+  EXPECT_NE(kept.output.find(" in 2 MiB pages"), std::string::npos) << kept.output;
+  EXPECT_EQ(kept.output.find("read again in"), std::string::npos) << kept.output;
+  const auto reread = run_cli(base + "reload");
+  ASSERT_EQ(reread.code, 0) << reread.output;
+  if (xmoe::io::transparent_huge_pages_enabled()) {
+    EXPECT_NE(reread.output.find("read again in"), std::string::npos) << reread.output;
+  }
+  EXPECT_EQ(generated_ids(reread.output), generated_ids(kept.output));
+  fs::remove_all(dir);
 }
 
 // A random-weight checkpoint with a byte-level tokenizer and the Qwen3 chat template, made once per run.
