@@ -21,6 +21,7 @@
 #include "moe/packed_experts.hpp"
 #include "stats.hpp"
 #include "util/clock.hpp"
+#include "weight_copies.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::app {
@@ -62,24 +63,6 @@ void advise(const std::byte* p, size_t bytes, int advice, size_t& failures, int&
   const auto e = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) / page * page;
   if (::madvise(reinterpret_cast<void*>(b), e - b, advice) != 0 && failures++ == 0) first_errno = errno;
 }
-
-// A copy of w's codes and scales in anonymous memory (4 KiB pages, as the read probe's buffer).
-struct AnonymousCopy {
-  std::unique_ptr<std::byte[]> data, scales;
-  PackedWeight view;
-  explicit AnonymousCopy(const PackedWeight& w) : view(w) {
-    const size_t n = static_cast<size_t>(w.rows * w.row_bytes);
-    data.reset(new std::byte[n]);
-    std::memcpy(data.get(), w.data, n);
-    view.data = data.get();
-    if (w.scales != nullptr) {
-      const size_t s = w.bytes() - n;
-      scales.reset(new std::byte[s]);
-      std::memcpy(scales.get(), w.scales, s);
-      view.scales = scales.get();
-    }
-  }
-};
 
 }  // namespace
 
@@ -324,14 +307,14 @@ int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOpt
 
   if (o.compare_anonymous) {
     // The lm_head over an anonymous copy, A/B alternated with the mapped one.
-    const AnonymousCopy copy(lm_head);
+    const WeightCopies copy = copy_weight(lm_head, 1);
     std::vector<double> mapped, anon;
     for (int s = 0; s <= o.steps; ++s) {
       double t0 = now();
       kernels::linear_forward(table, lm_head, x.data(), 1, y.data());
       const double tm = now() - t0;
       t0 = now();
-      kernels::linear_forward(table, copy.view, x.data(), 1, y.data());
+      kernels::linear_forward(table, copy.views[0], x.data(), 1, y.data());
       const double ta = now() - t0;
       if (s == 0) continue;
       mapped.push_back(tm);

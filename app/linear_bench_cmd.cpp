@@ -20,6 +20,7 @@
 #include "matmul_precision_option.hpp"
 #include "stats.hpp"
 #include "util/clock.hpp"
+#include "weight_copies.hpp"
 #include "xmoe/dtype.hpp"
 #include "xmoe/error.hpp"
 
@@ -62,16 +63,6 @@ OwnedWeight make_weight(WeightFormat f, const std::vector<float>& w, int64_t row
   return o;
 }
 
-// Copies of one weight (distinct memory, so decode streams them from DRAM as it streams a model's experts).
-std::vector<OwnedWeight> copies(const OwnedWeight& w, size_t count) {
-  std::vector<OwnedWeight> out(count, w);
-  for (auto& c : out) {
-    c.view.data = reinterpret_cast<const std::byte*>(c.data.data());
-    c.view.scales = c.scales.empty() ? nullptr : reinterpret_cast<const std::byte*>(c.scales.data());
-  }
-  return out;
-}
-
 // Seconds on the chosen clock: wall time, or the calling thread's CPU time (one thread: on a loaded machine
 // the time the kernel actually ran, not the time it waited for a core).
 double clock_seconds(bool thread_cpu) {
@@ -94,9 +85,10 @@ CLI::App* add_linear_bench_subcommand(CLI::App& app, LinearBenchOptions& o) {
   cmd->add_option("--reps", o.reps, "timed repetitions (medians)")
       ->check(positive_integer())
       ->capture_default_str();
-  cmd->add_option("--stream-mb", o.stream_mb, "decode: MiB of distinct weight copies streamed per format")
-      ->check(positive_integer())
-      ->capture_default_str();
+  cmd->add_option("--stream-mb", o.stream_mb,
+                  "decode: MiB of distinct weight copies streamed per format (default: 512, or twice the "
+                  "largest CPU cache where that is more)")
+      ->check(positive_integer());
   cmd->add_option("--prefill-rows", o.prefill_rows, "prefill: rows m")
       ->check(positive_integer())
       ->capture_default_str();
@@ -169,14 +161,16 @@ int run_linear_bench(const LinearBenchOptions& o) {
       const OwnedWeight one = make_weight(f, w, s.n, s.k);
       const size_t bytes = one.view.bytes();
       // Decode: m = 1 over distinct copies, each read once per pass.
-      const size_t count = std::max<size_t>(2, static_cast<size_t>(o.stream_mb << 20) / bytes);
+      const size_t stream = o.stream_mb > 0 ? static_cast<size_t>(o.stream_mb) << 20
+                                            : stream_bytes_beyond_caches(size_t{512} << 20);
+      const size_t count = std::max<size_t>(2, stream / bytes);
       double gbs;
       {
-        const std::vector<OwnedWeight> set = copies(one, count);
+        const WeightCopies set = copy_weight(one.view, count);
         std::vector<double> rates;
         for (int r = 0; r <= o.reps; ++r) {
           const double t0 = clock_seconds(thread_clock);
-          for (const auto& c : set) kernels::linear_forward(table, c.view, x.data(), 1, y.data());
+          for (const PackedWeight& c : set.views) kernels::linear_forward(table, c, x.data(), 1, y.data());
           const double t = clock_seconds(thread_clock) - t0;
           if (r > 0)
             rates.push_back(static_cast<double>(bytes * count) / t / 1e9);  // the first pass warms up

@@ -11,7 +11,7 @@ namespace xmoe::app {
 struct LinearBenchOptions {
   int threads = 2;
   int reps = 7;
-  int64_t stream_mb = 512;  // decode: distinct weight copies per format, well above the last-level cache
+  int64_t stream_mb = 0;  // decode: distinct weight copies per format (0: 512 MiB or twice the largest cache)
   int64_t prefill_rows = 512;
   std::string isa;             // "" = best
   std::string clock = "wall";  // or "thread": the thread's CPU time (one thread)

@@ -11,6 +11,7 @@
 #include "kernels/read_bandwidth.hpp"
 #include "kernels/register_fma_peak.hpp"
 #include "stats.hpp"
+#include "weight_copies.hpp"
 #include "xmoe/dtype.hpp"
 
 namespace xmoe::app {
@@ -20,35 +21,24 @@ namespace {
 using kernels::PackedWeight;
 using kernels::WeightFormat;
 
-// `count` distinct copies of one [n, k] matrix in `format`, back to back, and their views.
-struct WeightCopies {
-  std::vector<std::byte> bytes;
-  std::vector<PackedWeight> views;
-};
-
+// `count` distinct copies of one [n, k] matrix in `format` (f32 or bf16).
 WeightCopies make_copies(WeightFormat format, const std::vector<float>& w, int64_t n, int64_t k,
                          size_t count) {
   const int64_t es = format == WeightFormat::f32 ? 4 : 2;
-  const size_t one = static_cast<size_t>(n * k * es);
-  WeightCopies c;
-  c.bytes.resize(one * count);
+  std::vector<std::byte> one(static_cast<size_t>(n * k * es));
   for (int64_t i = 0; i < n * k; ++i) {
     const float f = w[static_cast<size_t>(i)];
     const uint16_t h = bf16::from_float(f);
-    std::memcpy(c.bytes.data() + i * es, format == WeightFormat::f32 ? static_cast<const void*>(&f) : &h,
+    std::memcpy(one.data() + i * es, format == WeightFormat::f32 ? static_cast<const void*>(&f) : &h,
                 static_cast<size_t>(es));
   }
-  for (size_t j = 1; j < count; ++j) std::memcpy(c.bytes.data() + j * one, c.bytes.data(), one);
-  for (size_t j = 0; j < count; ++j) {
-    PackedWeight v;
-    v.format = format;
-    v.rows = n;
-    v.cols = k;
-    v.row_bytes = k * es;
-    v.data = c.bytes.data() + j * one;
-    c.views.push_back(v);
-  }
-  return c;
+  PackedWeight v;
+  v.format = format;
+  v.rows = n;
+  v.cols = k;
+  v.row_bytes = k * es;
+  v.data = one.data();
+  return copy_weight(v, count);
 }
 
 }  // namespace
@@ -86,9 +76,9 @@ void run_linear_rows_bench(const kernels::KernelTable& table, const kernels::Cpu
       const WeightFormat format = variant.format;
       const bool bf16_dot = variant.table->precision == kernels::MatmulPrecision::medium;
       const size_t one = static_cast<size_t>(s.n * s.k) * (format == WeightFormat::f32 ? 4 : 2);
-      // 96 MiB of copies: each call reads its weight from DRAM, as a model's experts are read.
-      const WeightCopies set =
-          make_copies(format, w, s.n, s.k, std::max<size_t>(2, (size_t{96} << 20) / one));
+      // Copies beyond the caches: each call reads its weight from DRAM, as a model's experts are read.
+      const WeightCopies set = make_copies(
+          format, w, s.n, s.k, std::max<size_t>(2, stream_bytes_beyond_caches(size_t{96} << 20) / one));
       const double peak =
           bf16_dot ? kernels::register_bf16_product_peak_gflops(variant.table->isa, features, threads)
                    : kernels::register_fma_peak_gflops(table.isa, features, threads);

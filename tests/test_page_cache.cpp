@@ -1,19 +1,23 @@
 // Page-cache page sizes of mapped checkpoint files (src/io/page_cache.hpp): reading FilePmdMapped from
 // /proc/self/smaps, the 2 MiB blocks a mapping can hold, the transparent-huge-page switch, and dropping a
-// mapped file's cached pages without losing a byte of what the mapping reads.
+// mapped file's cached pages without losing a byte of what the mapping reads; and anonymous buffers in 2 MiB
+// pages (src/util/huge_buffer.hpp).
 #include "io/page_cache.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "util/huge_buffer.hpp"
 #include "xmoe/safetensors.hpp"
 
 namespace fs = std::filesystem;
@@ -92,16 +96,38 @@ class PageCacheFile : public ::testing::Test {
   fs::path dir_;
 };
 
-// This mapping's VmFlags line of /proc/self/smaps ("" when absent).
-std::string vm_flags(const std::string& smaps, std::span<const std::byte> mapping) {
-  const auto begin = reinterpret_cast<uintptr_t>(mapping.data());
-  char head[32];
-  std::snprintf(head, sizeof head, "%lx-", static_cast<unsigned long>(begin));
-  const size_t at = smaps.find(std::string("\n") + head);
-  if (at == std::string::npos) return {};
-  const size_t flags = smaps.find("\nVmFlags:", at + 1);
-  if (flags == std::string::npos) return {};
-  return smaps.substr(flags + 1, smaps.find('\n', flags + 1) - flags - 1);
+// The VmFlags line of the /proc/self/smaps mapping that holds `address` ("" when none does).
+std::string vm_flags(const std::string& smaps, const void* address) {
+  const auto at = reinterpret_cast<unsigned long>(address);
+  bool inside = false;
+  size_t pos = 0;
+  while (pos < smaps.size()) {
+    const size_t eol = std::min(smaps.find('\n', pos), smaps.size());
+    const std::string line = smaps.substr(pos, eol - pos);
+    pos = eol + 1;
+    unsigned long lo = 0, hi = 0;
+    char space = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx%c", &lo, &hi, &space) == 3 && space == ' ') {
+      inside = lo <= at && at < hi;
+      continue;
+    }
+    if (inside && line.rfind("VmFlags:", 0) == 0) return line;
+  }
+  return {};
+}
+
+TEST(HugeBuffer, WholeAligned2MiBPagesAdvised) {
+  const size_t bytes = (size_t{3} << 20) + 1;
+  const xmoe::HugeBuffer buffer = xmoe::allocate_huge_buffer(bytes);
+  ASSERT_NE(buffer, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.get()) % xmoe::kHugePageSize, 0u);
+  std::memset(buffer.get(), 0x5a, 2 * xmoe::kHugePageSize);  // the rounded size is the caller's to use
+  EXPECT_EQ(buffer[2 * xmoe::kHugePageSize - 1], std::byte{0x5a});
+  const std::string smaps = xmoe::io::self_smaps();
+  if (smaps.empty()) GTEST_SKIP() << "/proc/self/smaps is not readable here";
+  if (xmoe::io::transparent_huge_pages_enabled()) {
+    EXPECT_NE(vm_flags(smaps, buffer.get()).find(" hg"), std::string::npos) << vm_flags(smaps, buffer.get());
+  }
 }
 
 TEST_F(PageCacheFile, DroppedPagesReadBackTheSameBytes) {
@@ -117,7 +143,8 @@ TEST_F(PageCacheFile, DroppedPagesReadBackTheSameBytes) {
   if (smaps.empty()) GTEST_SKIP() << "/proc/self/smaps is not readable here";
   // Opening advised the mapping for 2 MiB pages wherever the kernel has them.
   if (xmoe::io::transparent_huge_pages_enabled()) {
-    EXPECT_NE(vm_flags(smaps, f.mapping()).find(" hg"), std::string::npos) << vm_flags(smaps, f.mapping());
+    EXPECT_NE(vm_flags(smaps, f.mapping().data()).find(" hg"), std::string::npos)
+        << vm_flags(smaps, f.mapping().data());
   }
   EXPECT_LE(xmoe::io::file_pmd_mapped(smaps, f.mapping()), xmoe::io::huge_mappable_bytes(f.mapping()));
   EXPECT_GE(xmoe::io::huge_mappable_bytes(f.mapping()), 2 * kHugePageBytes);

@@ -1,13 +1,11 @@
 #include "kernels/read_bandwidth.hpp"
 
 #include <omp.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +14,7 @@
 #include <vector>
 
 #include "util/clock.hpp"
+#include "util/huge_buffer.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::kernels {
@@ -91,24 +90,19 @@ void check_probe_args(size_t bytes, int passes) {
 double measure_read_bandwidth_gbs(size_t bytes, int passes) {
   check_probe_args(bytes, passes);
   const size_t n = bytes / sizeof(uint64_t);
-  // In 2 MiB pages where the kernel has them, as the checkpoint's weights are read (io/page_cache.hpp): on a
-  // 2-vCPU Sapphire Rapids VM this probe read 25.6-26.0 GB/s in 4 KiB pages and 32.9-34.4 in 2 MiB ones, and
-  // a baseline below what the weights reach would overstate every share of it.
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t rounded = (n * sizeof(uint64_t) + kHuge - 1) / kHuge * kHuge;
-  std::unique_ptr<uint64_t, decltype(&std::free)> buf(
-      static_cast<uint64_t*>(std::aligned_alloc(kHuge, rounded)), &std::free);
-  XMOE_CHECK(buf != nullptr, "measure_read_bandwidth_gbs: cannot allocate ", rounded, " bytes");
-  (void)::madvise(buf.get(), rounded, MADV_HUGEPAGE);  // refused without transparent huge pages: 4 KiB then
+  // In 2 MiB pages, as the checkpoint's weights are read (io/page_cache.hpp): a baseline below what the
+  // weights reach would overstate every share of it.
+  const HugeBuffer memory = allocate_huge_buffer(n * sizeof(uint64_t));
+  auto* buf = reinterpret_cast<uint64_t*>(memory.get());
   const int threads = omp_get_max_threads();
   // First touch by the reading threads, so pages sit where (and as) they will be read.
 #pragma omp parallel num_threads(threads)
   {
     const size_t t = static_cast<size_t>(omp_get_thread_num()),
                  nt = static_cast<size_t>(omp_get_num_threads());
-    for (size_t i = n * t / nt; i < n * (t + 1) / nt; ++i) buf.get()[i] = i;
+    for (size_t i = n * t / nt; i < n * (t + 1) / nt; ++i) buf[i] = i;
   }
-  return median_pass_rate(buf.get(), n, passes, false);
+  return median_pass_rate(buf, n, passes, false);
 }
 
 double measure_read_bandwidth_gbs(const void* data, size_t bytes, int passes, bool thread_clock) {

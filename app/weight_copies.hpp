@@ -1,0 +1,27 @@
+// Distinct copies of one packed weight for the kernel benchmarks, so that decode streams them from DRAM as it
+// streams a model's experts. They lie back to back in 2 MiB pages (util/huge_buffer.hpp), as a checkpoint's
+// weights are read (io/page_cache.hpp): in 4 KiB pages BF16 decode of the 4096 × 2048 shape streamed at
+// 26.4 GB/s where 2 MiB pages gave 35.0-35.6 (2 threads, `linear-bench --matmul-precision medium`).
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "kernels/packed_weight.hpp"
+#include "util/huge_buffer.hpp"
+
+namespace xmoe::app {
+
+struct WeightCopies {
+  HugeBuffer memory;
+  std::vector<kernels::PackedWeight> views;
+};
+
+// How many bytes of copies a benchmark streams so that none is still cached when it comes round again: at
+// least `at_least`, and twice the largest CPU cache sysfs reports (a VM may see its host's whole L3: 480 MiB
+// here, where 96 MiB of copies were read from L3 at 57 GB/s against a 34 GB/s DRAM probe).
+size_t stream_bytes_beyond_caches(size_t at_least);
+
+// `count` copies of w's bytes (its rows · row_bytes data bytes, then its scales), each view w's but for them.
+WeightCopies copy_weight(const kernels::PackedWeight& w, size_t count);
+
+}  // namespace xmoe::app
