@@ -12,10 +12,10 @@ size_t stream_bytes_beyond_caches(size_t at_least) {
   for (int index = 0; index < 8; ++index) {
     std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
     size_t size = 0;
-    std::string unit;
     if (!(in >> size)) continue;
-    if (size > 0 && in.peek() == 'K') size <<= 10;
-    if (size > 0 && in.peek() == 'M') size <<= 20;
+    const int unit = in.peek();  // sysfs writes "491520K"
+    if (unit == 'K') size <<= 10;
+    if (unit == 'M') size <<= 20;
     largest = std::max(largest, size);
   }
   return std::max(at_least, 2 * largest);
