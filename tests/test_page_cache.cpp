@@ -21,7 +21,7 @@
 #include "xmoe/safetensors.hpp"
 
 namespace fs = std::filesystem;
-using xmoe::io::kHugePageBytes;
+using xmoe::kHugePageSize;
 
 namespace {
 
@@ -67,10 +67,10 @@ TEST(PageCache, FilePmdMappedSumsTheMappingsThatOverlapTheRange) {
 TEST(PageCache, MappableBytesAreTheWhole2MiBBlocks) {
   using xmoe::io::huge_mappable_bytes;
   constexpr uintptr_t base = uintptr_t{0x7f0000000000};
-  EXPECT_EQ(huge_mappable_bytes(fake_span(base, 5 * kHugePageBytes + 7)), 5 * kHugePageBytes);
-  EXPECT_EQ(huge_mappable_bytes(fake_span(base + 4096, 5 * kHugePageBytes)), 4 * kHugePageBytes);
-  EXPECT_EQ(huge_mappable_bytes(fake_span(base, kHugePageBytes - 1)), 0u);
-  EXPECT_EQ(huge_mappable_bytes(fake_span(base + 4096, kHugePageBytes)), 0u);
+  EXPECT_EQ(huge_mappable_bytes(fake_span(base, 5 * kHugePageSize + 7)), 5 * kHugePageSize);
+  EXPECT_EQ(huge_mappable_bytes(fake_span(base + 4096, 5 * kHugePageSize)), 4 * kHugePageSize);
+  EXPECT_EQ(huge_mappable_bytes(fake_span(base, kHugePageSize - 1)), 0u);
+  EXPECT_EQ(huge_mappable_bytes(fake_span(base + 4096, kHugePageSize)), 0u);
 }
 
 TEST(PageCache, TransparentHugePagesSwitch) {
@@ -120,9 +120,9 @@ TEST(HugeBuffer, WholeAligned2MiBPagesAdvised) {
   const size_t bytes = (size_t{3} << 20) + 1;
   const xmoe::HugeBuffer buffer = xmoe::allocate_huge_buffer(bytes);
   ASSERT_NE(buffer, nullptr);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.get()) % xmoe::kHugePageSize, 0u);
-  std::memset(buffer.get(), 0x5a, 2 * xmoe::kHugePageSize);  // the rounded size is the caller's to use
-  EXPECT_EQ(buffer[2 * xmoe::kHugePageSize - 1], std::byte{0x5a});
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.get()) % kHugePageSize, 0u);
+  std::memset(buffer.get(), 0x5a, 2 * kHugePageSize);  // the rounded size is the caller's to use
+  EXPECT_EQ(buffer[2 * kHugePageSize - 1], std::byte{0x5a});
   const std::string smaps = xmoe::io::self_smaps();
   if (smaps.empty()) GTEST_SKIP() << "/proc/self/smaps is not readable here";
   if (xmoe::io::transparent_huge_pages_enabled()) {
@@ -147,7 +147,7 @@ TEST_F(PageCacheFile, DroppedPagesReadBackTheSameBytes) {
         << vm_flags(smaps, f.mapping().data());
   }
   EXPECT_LE(xmoe::io::file_pmd_mapped(smaps, f.mapping()), xmoe::io::huge_mappable_bytes(f.mapping()));
-  EXPECT_GE(xmoe::io::huge_mappable_bytes(f.mapping()), 2 * kHugePageBytes);
+  EXPECT_GE(xmoe::io::huge_mappable_bytes(f.mapping()), 2 * kHugePageSize);
 
   ASSERT_EQ(xmoe::io::drop_cached_pages(path, f.mapping()), 0) << std::strerror(errno);
   EXPECT_EQ(std::memcmp(data.data(), codes.data(), codes.size()), 0);

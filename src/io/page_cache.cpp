@@ -71,8 +71,8 @@ size_t file_pmd_mapped(std::string_view smaps, std::span<const std::byte> mappin
 
 size_t huge_mappable_bytes(std::span<const std::byte> mapping) {
   const auto begin = reinterpret_cast<uintptr_t>(mapping.data()), end = begin + mapping.size();
-  const uintptr_t first = (begin + kHugePageBytes - 1) / kHugePageBytes, last = end / kHugePageBytes;
-  return last > first ? (last - first) * kHugePageBytes : 0;
+  const uintptr_t first = (begin + kHugePageSize - 1) / kHugePageSize, last = end / kHugePageSize;
+  return last > first ? (last - first) * kHugePageSize : 0;
 }
 
 bool parse_transparent_huge_pages_enabled(std::string_view sysfs_text) {

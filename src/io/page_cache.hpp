@@ -12,9 +12,9 @@
 #include <string>
 #include <string_view>
 
-namespace xmoe::io {
+#include "util/huge_buffer.hpp"  // kHugePageSize
 
-inline constexpr size_t kHugePageBytes = size_t{2} << 20;
+namespace xmoe::io {
 
 // The FilePmdMapped bytes of the mappings of /proc/self/smaps' text that overlap [begin, end).
 size_t parse_file_pmd_mapped(std::string_view smaps, uintptr_t begin, uintptr_t end);

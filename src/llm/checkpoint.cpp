@@ -335,7 +335,6 @@ Checkpoint::PrefaultResult Checkpoint::drop_cached_pages() const {
       result.file = file->path();
       return result;
     }
-    result.bytes += file->mapping().size();
   }
   return result;
 }

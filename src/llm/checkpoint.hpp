@@ -70,7 +70,7 @@ class Checkpoint {
   };
   HugePages huge_pages() const;
   // Drops the files' page-cache pages (io::drop_cached_pages), so that the next prefault reads them from disk
-  // into 2 MiB pages. Stops at the first failure.
+  // into 2 MiB pages. Stops at the first failure (its errno and file; `bytes` stays 0).
   PrefaultResult drop_cached_pages() const;
 
  private:

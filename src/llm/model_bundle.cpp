@@ -5,6 +5,7 @@
 
 #include "io/page_cache.hpp"
 #include "llm/progress_bar.hpp"
+#include "util/clock.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::llm {
@@ -20,10 +21,6 @@ std::optional<Tokenizer> open_tokenizer(const std::string& dir) {
   const std::filesystem::path config = root / "tokenizer_config.json";
   return Tokenizer::from_tiktoken_file((root / "tiktoken.model").string(),
                                        std::filesystem::exists(config) ? config.string() : std::string());
-}
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace
@@ -49,7 +46,7 @@ void ModelBundle::load_weights(DType dtype, const std::string& isa, kernels::Mat
     prefault.bytes = done.bytes;
     prefault.error = done.error;
     prefault.file = done.file;
-    prefault.seconds = seconds_since(start);
+    prefault.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (done.error == 0) reload_into_huge_pages(page_cache_mode);
   }
   LoadOptions load;
@@ -69,7 +66,7 @@ void ModelBundle::reload_into_huge_pages(PageCacheMode mode) {
   if (!decide_reload(mode, pages.mapped, pages.mappable, io::transparent_huge_pages_enabled()).reload) return;
   // Pages cached before the files were mapped (a checkpoint just written) keep their size; read anew through
   // the advised mapping, they come back 2 MiB at a time.
-  const auto start = std::chrono::steady_clock::now();
+  const double start = wall_seconds();
   prefault.reloaded = true;
   prefault.huge_before = pages.mapped;
   const Checkpoint::PrefaultResult dropped = checkpoint.drop_cached_pages();
@@ -83,7 +80,7 @@ void ModelBundle::reload_into_huge_pages(PageCacheMode mode) {
     prefault.error = done.error;
     prefault.file = done.file;
   }
-  prefault.reload_seconds = seconds_since(start);
+  prefault.reload_seconds = wall_seconds() - start;
   prefault.huge_mapped = checkpoint.huge_pages().mapped;
 }
 

@@ -1,9 +1,6 @@
 #include "llm/layers/linear_parts.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
-#include <exception>
 
 #include "kernels/column_split.hpp"
 #include "kernels/linear.hpp"
