@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 
+#include "kernels/cpu/linear_bf16_pairs_avx2.hpp"
 #include "kernels/cpu/linear_panels_avx2.hpp"
 #include "kernels/cpu/prefetch_slice.hpp"
 #include "kernels/cpu/variants.hpp"
@@ -229,6 +231,12 @@ template <class W>
 void linear(const LinearArgs& a) {
   const W* w = reinterpret_cast<const W*>(a.w->data);
   const int64_t k = a.w->cols, ldw = a.w->row_bytes / int64_t(sizeof(W));
+  if constexpr (std::is_same_v<W, bf16>) {
+    static_assert(bf16_pairs::kMaxRows == kFewRowsMax);
+    if (a.m >= 4 && a.m <= kFewRowsMax)
+      return bf16_pairs::linear_few_rows(a.x, a.ldx, a.m, reinterpret_cast<const uint16_t*>(w), ldw, k, a.n0,
+                                         a.n1, a.y, a.ldy);
+  }
   if (a.m >= 4 && a.m <= kFewRowsMax)
     return linear_few_rows(a.x, a.ldx, a.m, w, ldw, k, a.n0, a.n1, a.y, a.ldy);
   if (a.m >= 4) return linear_panels(a.x, a.ldx, a.m, w, ldw, k, a.n0, a.n1, a.y, a.ldy);

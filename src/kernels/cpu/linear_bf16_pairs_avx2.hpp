@@ -1,0 +1,193 @@
+// AVX2 batched decode (4 ≤ m ≤ 16 rows) over BF16 weights, with the weights widened as pairs: a 32-bit word
+// of a BF16 row holds elements 2l (low half) and 2l + 1 (high half), so `word << 16` is element 2l as f32 and
+// `word & 0xFFFF0000` element 2l + 1 — one integer op per 8 weights and no shuffle, where widening 8 in place
+// (`vpmovzxwd` + shift, linear_avx2.cpp's load8) costs two, one of them on the shuffle port. The lanes of the
+// shared summation order (linear_lanes.hpp) then sit in two registers by parity instead of by half: the even
+// register holds lanes 0, 2, …, 14 and the odd one lanes 1, 3, …, 15, each lane the same FMA chain over the
+// same p as before, and reduce_pairs adds them in the fixed tree's order. So the bits are the reference's.
+//
+// Each parity is its own pass over k, so a tile needs only its rows × weight rows accumulators of 8 lanes and
+// can be 6 x rows × 2 weight rows (12 accumulators, 2 weights, 1 x and the mask: all 16 registers) instead of
+// 3 × 2 × 2 halves; every weight vector widened feeds 6 FMAs rather than 3. (3 weight rows × 4 x rows needs a
+// 17th register and ran at 77 GFLOP/s in L1 against 6 × 2's 107, one thread.) The odd pass reads the weight
+// rows again from cache. Include only from files compiled with the AVX2 flags.
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/prefetch_slice.hpp"
+#include "util/buffer.hpp"
+
+namespace xmoe::kernels::avx2::bf16_pairs {
+
+constexpr int kTileRows = 6;
+constexpr int kGroupRows = 2;  // weight rows per tile
+constexpr int64_t kMaxRows = 16;
+
+// The even lanes' register e (lanes 0, 2, …, 14) and the odd lanes' o (1, 3, …, 15) reduced as
+// reduce_lanes does: l + 8 (within each register's halves), l + 4, l + 2, then the even sum + the odd sum.
+inline float reduce_pairs(__m256 e, __m256 o) {
+  const __m128 e4 = _mm_add_ps(_mm256_castps256_ps128(e), _mm256_extractf128_ps(e, 1));
+  const __m128 o4 = _mm_add_ps(_mm256_castps256_ps128(o), _mm256_extractf128_ps(o, 1));
+  const __m128 e2 = _mm_add_ps(e4, _mm_movehl_ps(e4, e4));
+  const __m128 o2 = _mm_add_ps(o4, _mm_movehl_ps(o4, o4));
+  const __m128 e1 = _mm_add_ss(e2, _mm_shuffle_ps(e2, e2, 1));
+  const __m128 o1 = _mm_add_ss(o2, _mm_shuffle_ps(o2, o2, 1));
+  return _mm_cvtss_f32(_mm_add_ss(e1, o1));
+}
+
+// How m rows split into tiles of at most kTileRows, of nearly equal heights: tile t covers rows
+// [tile_start(m, t), tile_start(m, t + 1)).
+inline int64_t tile_count(int64_t m) {
+  return (m + kTileRows - 1) / kTileRows;
+}
+inline int64_t tile_start(int64_t m, int64_t t) {
+  return m * t / tile_count(m);
+}
+
+// x rows [0, m) by parity, then tile by tile as [step][row][8]: parity 0 holds elements 16s + 2l, parity 1
+// elements 16s + 2l + 1, zeros past k. Tile t of parity p (rows i0..i0+h) starts at (p · m + i0) · steps · 8,
+// so a tile's pass reads one contiguous stream.
+inline void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
+  const int64_t steps = (k + 15) / 16;
+  for (int64_t t = 0; t < tile_count(m); ++t) {
+    const int64_t i0 = tile_start(m, t), h = tile_start(m, t + 1) - i0;
+    for (int64_t r = 0; r < h; ++r)
+      for (int64_t s = 0; s < steps; ++s) {
+        alignas(32) float v[16] = {};
+        const float* src = x + (i0 + r) * ldx + s * 16;
+        if (s * 16 + 16 > k) {  // the tail
+          std::memcpy(v, src, static_cast<size_t>(k - s * 16) * sizeof(float));
+          src = v;
+        }
+        // Within each 128-bit half, shuffle_ps picks lo's and hi's even (or odd) elements; the 64-bit
+        // permute puts lo's four before hi's four.
+        const __m256 lo = _mm256_loadu_ps(src), hi = _mm256_loadu_ps(src + 8);
+        float* const even = out + ((0 * m + i0) * steps + s * h + r) * 8;
+        float* const odd = out + ((1 * m + i0) * steps + s * h + r) * 8;
+        _mm256_store_ps(even, _mm256_castpd_ps(_mm256_permute4x64_pd(
+                                  _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xD8)));
+        _mm256_store_ps(odd, _mm256_castpd_ps(_mm256_permute4x64_pd(
+                                 _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xDD)), 0xD8)));
+      }
+  }
+}
+
+// One parity's pass of an MR × NR tile: x rows at xs (row i of step s at xs + (s · MR + i) · 8), weight row
+// j's step s at w + j · ldw + 16 s for s < full, then (when full < steps) the zero-padded tail at tail + 16
+// j. Stores the 8-lane accumulators to acc + (i · NR + j) · 8. Prefetches [next, next + next_bytes) into L2
+// over its steps, a line a step (its share of the next set's rows).
+template <int MR, int NR, int Parity>
+void tile(const float* xs, const uint16_t* w, int64_t ldw, int64_t full, int64_t steps, const uint16_t* tail,
+          float* acc_out, const char* next, int64_t next_bytes) {
+  __m256 acc[MR][NR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const auto step = [&](const float* px, const uint16_t* const* ws) {
+    __m256 wv[NR];
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) {
+      const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws[j]));
+      wv[j] = _mm256_castsi256_ps(Parity == 0 ? _mm256_slli_epi32(words, 16) : _mm256_and_si256(words, high));
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      __m256 xv = _mm256_load_ps(px + i * 8);
+      asm("" : "+x"(xv));  // one load per x vector (as in panels::panel_tile)
+#pragma GCC unroll 4
+      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+    }
+  };
+  constexpr int64_t kStepBytes = NR * 16 * int64_t(sizeof(uint16_t));
+  const uint16_t* ws[NR];
+  for (int64_t s = 0; s < full; ++s) {
+    prefetch_slice(next, s * kStepBytes, kStepBytes, next_bytes);
+    for (int j = 0; j < NR; ++j) ws[j] = w + j * ldw + s * 16;
+    step(xs + s * MR * 8, ws);
+  }
+  if (full < steps) {
+    for (int j = 0; j < NR; ++j) ws[j] = tail + j * 16;
+    step(xs + full * MR * 8, ws);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; ++j) _mm256_store_ps(acc_out + (i * NR + j) * 8, acc[i][j]);
+}
+
+using TileFn = void (*)(const float*, const uint16_t*, int64_t, int64_t, int64_t, const uint16_t*, float*,
+                        const char*, int64_t);
+// tile<MR, NR, Parity> as kTileFns[NR - 1][Parity][MR].
+template <int NR, int Parity>
+constexpr TileFn kTileRow[kTileRows + 1] = {nullptr,
+                                            tile<1, NR, Parity>,
+                                            tile<2, NR, Parity>,
+                                            tile<3, NR, Parity>,
+                                            tile<4, NR, Parity>,
+                                            tile<5, NR, Parity>,
+                                            tile<6, NR, Parity>};
+constexpr const TileFn* kTileFns[2][2] = {{kTileRow<1, 0>, kTileRow<1, 1>}, {kTileRow<2, 0>, kTileRow<2, 1>}};
+
+// Weight rows [0, rows) (rows ≤ kSetRows) against all m packed x rows. The x tiles are outermost: a tile's
+// rows of one parity (6 rows × k/2 floats, 24 KiB at k = 2048) stay in L1 while every pair of weight rows in
+// the set (16 rows × k, 64 KiB of bf16, in L2 after the first tile) runs over them, so the loads from L2 are
+// the weights', 32 bytes per 6 FMAs. Streaming all m x rows past each pair instead takes 32 bytes per 2 FMAs
+// from L2: on Sapphire Rapids that ran as fast (its L2 feeds 64 bytes a cycle), but it is Zen 3's whole
+// L2-to-L1 rate of 32 bytes a cycle at two FMAs a cycle. Every pass prefetches its share of the next set
+// (next_bytes from next) into L2.
+constexpr int kSetRows = 16;
+
+inline void set_of_rows(const float* xp, int64_t m, int64_t k, const uint16_t* w, int64_t ldw, int64_t rows,
+                        float* y, int64_t ldy, const char* next, int64_t next_bytes) {
+  const int64_t steps = (k + 15) / 16, full = k / 16;
+  alignas(32) uint16_t tail[kSetRows][16] = {};
+  if (full < steps)
+    for (int64_t j = 0; j < rows; ++j)
+      std::memcpy(tail[j], w + j * ldw + full * 16, static_cast<size_t>(k - full * 16) * sizeof(uint16_t));
+  const int64_t groups = (rows + kGroupRows - 1) / kGroupRows;
+  const int64_t passes = tile_count(m) * 2 * groups, share = (next_bytes + passes - 1) / passes;
+  alignas(32) float even[kSetRows / kGroupRows][kTileRows * kGroupRows * 8];
+  alignas(32) float odd[kTileRows * kGroupRows * 8];
+  for (int64_t t = 0; t < tile_count(m); ++t) {
+    const int64_t i0 = tile_start(m, t), h = tile_start(m, t + 1) - i0;
+    for (int parity = 0; parity < 2; ++parity)
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t j0 = g * kGroupRows, nr = std::min<int64_t>(kGroupRows, rows - j0);
+        const int64_t at = ((t * 2 + parity) * groups + g) * share;
+        const int64_t bytes = std::clamp<int64_t>(next_bytes - at, 0, share);
+        float* const acc = parity == 0 ? even[g] : odd;
+        kTileFns[nr - 1][parity][h](xp + (parity * m + i0) * steps * 8, w + j0 * ldw, ldw, full, steps,
+                                    tail[j0], acc, bytes > 0 ? next + at : nullptr, bytes);
+        if (parity == 1)
+          for (int64_t i = 0; i < h; ++i)
+            for (int64_t j = 0; j < nr; ++j)
+              y[(i0 + i) * ldy + j0 + j] = reduce_pairs(_mm256_load_ps(even[g] + (i * nr + j) * 8),
+                                                        _mm256_load_ps(odd + (i * nr + j) * 8));
+      }
+  }
+}
+
+// y[i, n] for i < m (4 ≤ m ≤ kMaxRows), n in [n0, n1): weight rows in sets of kSetRows, each set
+// prefetching the next into L2 while it runs.
+inline void linear_few_rows(const float* x, int64_t ldx, int64_t m, const uint16_t* w, int64_t ldw, int64_t k,
+                            int64_t n0, int64_t n1, float* y, int64_t ldy) {
+  const int64_t steps = (k + 15) / 16;
+  Buffer<float> x_buffer;
+  float* const xp = x_buffer.ensure(static_cast<size_t>(2 * steps * m * 8));
+  pack_x(x, ldx, m, k, xp);
+  const auto row_ptr = [&](int64_t j) { return reinterpret_cast<const char*>(w + j * ldw); };
+  const auto bytes_of_rows = [&](int64_t a, int64_t b) { return (b - a) * ldw * int64_t(sizeof(uint16_t)); };
+  for (int64_t j = n0; j < n1; j += kSetRows) {
+    const int64_t rows = std::min<int64_t>(kSetRows, n1 - j), next = j + rows;
+    set_of_rows(xp, m, k, w + j * ldw, ldw, rows, y + j, ldy, row_ptr(next),
+                bytes_of_rows(next, std::min(n1, next + kSetRows)));
+  }
+}
+
+}  // namespace xmoe::kernels::avx2::bf16_pairs
