@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/cpu/linear_bf16_pairs_avx512.hpp"
 #include "kernels/cpu/linear_panels_avx512.hpp"
 #include "kernels/cpu/linear_reduce_avx512.hpp"
 #include "kernels/cpu/prefetch_slice.hpp"
@@ -31,18 +32,6 @@ inline __m512 load_w(const bf16* p, __mmask16 m) {
   // maskz forms: the unmasked intrinsics start from an undefined register, which GCC 12 warns about here.
   return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, h), 16));
 }
-// 32 bf16 weights p[0..31] widened to f32 in column order, lo = p[0..15] and hi = p[16..31], with one
-// shuffle: vpermw puts column l in word 2l and column 16 + l in word 2l + 1 of each dword, so a shift left by
-// 16 and a mask of the high words widen both halves. Shifts and logic ops issue beside the FMAs on Zen 4,
-// shuffles share their pipes (tools/vector_pipes.cpp): half the FMA-pipe time of load_w's two widenings.
-inline void load_w32(const bf16* p, __m512& lo, __m512& hi) {
-  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
-                                       22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  const __m512i pairs = _mm512_maskz_permutexvar_epi16(~__mmask32(0), idx, _mm512_loadu_si512(p));
-  lo = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, pairs, 16));  // maskz: see load_w(bf16)
-  hi = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
-}
-
 inline __m512 load_w(const f16* p, __mmask16 m) {
   return _mm512_maskz_cvtph_ps(0xffff, _mm256_maskz_loadu_epi16(m, p));  // maskz: see load_w(bf16)
 }
@@ -167,18 +156,10 @@ void linear_panels(const float* x, int64_t ldx, int64_t m, const W* w, int64_t l
 // the panel path at m = 16, which reaches the FMA rate. Each output is still one 16-lane chain over
 // ascending p and the fixed reduction.
 //
-// BF16 weights go 32 columns a step (load_w32) in groups of 5 rows against x tiles of up to 4 rows (4 × 5
-// accumulators + 2 × 5 weights + 1 x + the shuffle index fill the registers; groups of 6 spilled
-// accumulators), or 4 rows against tiles of up to 5 where that takes fewer tiles (linear_few_rows). One
-// thread on Zen 4, 16 rows: 74 % of the FMA peak with load_w 16 columns a step, 91 % so (`xmoe linear-bench
-// --threads 1 --clock thread --rows 16`). f32 and f16 weights have no shuffle to save and keep 16-column
-// steps over 6 rows.
+// BF16 weights take bf16_pairs::linear_few_rows (linear_bf16_pairs_avx512.hpp) instead: one shuffle per 16
+// weights. f32 and f16 weights have no shuffle to save and keep 16-column steps over 6 rows.
 constexpr int kFewTileRows = 4;
 constexpr int kFewCols = 6;  // 4 × 6 accumulators + 6 weights + 1 x of the 32 registers
-template <class W>
-constexpr int few_cols = kFewCols;
-template <>
-constexpr int few_cols<bf16> = 5;
 constexpr int64_t kFewRowsMax = 16;
 
 // y[i, j] for the MR x rows of one packed tile (xt: [step][MR][16]) and NR weight rows read in place;
@@ -202,19 +183,7 @@ void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   };
-  int64_t s = 0;
-  if constexpr (std::is_same_v<W, bf16>) {
-    // Two steps at a time over full 32-column chunks; each lane's chain is the same sequence of FMAs.
-    for (; (s + 2) * 16 <= k; s += 2) {
-      if (next_bytes > 0) prefetch_slice(next, s * kStepBytes, 2 * kStepBytes, next_bytes);
-      __m512 lo[NR], hi[NR];
-#pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) load_w32(w + j * ldw + s * 16, lo[j], hi[j]);
-      step(xt + s * MR * 16, lo);
-      step(xt + (s + 1) * MR * 16, hi);
-    }
-  }
-  for (; s < steps; ++s) {
+  for (int64_t s = 0; s < steps; ++s) {
     const int64_t p = s * 16;
     const __mmask16 mask = k - p >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - p)) - 1);
     if (next_bytes > 0) prefetch_slice(next, s * kStepBytes, kStepBytes, next_bytes);
@@ -262,20 +231,6 @@ void few_rows(const float* x, int64_t ldx, int64_t m, const W* w, int64_t ldw, i
 }
 
 template <class W>
-void linear_few_rows(const float* x, int64_t ldx, int64_t m, const W* w, int64_t ldw, int64_t k, int64_t n0,
-                     int64_t n1, float* y, int64_t ldy) {
-  if constexpr (std::is_same_v<W, bf16>) {
-    // x tiles of up to 5 rows against groups of 4 weight rows where that takes fewer tiles (m = 5, 9, 10,
-    // 13-15: each tile widens the group's weights again), else 4 rows against 5. One thread on Zen 4, GFLOP/s
-    // at k = 2048: m = 5 67 -> 98-103, 9 86-94 -> 97-100, 15 95-100 -> 101-109; the other sizes lose 5-15 %
-    // with 4-weight-row groups, so they keep 5.
-    if (tile_count(m, 5) < tile_count(m, kFewTileRows))
-      return few_rows<4, 5>(x, ldx, m, w, ldw, k, n0, n1, y, ldy);
-  }
-  few_rows<few_cols<W>, kFewTileRows>(x, ldx, m, w, ldw, k, n0, n1, y, ldy);
-}
-
-template <class W>
 void linear(const LinearArgs& a) {
   const float* x = a.x;
   const int64_t m = a.m, ldx = a.ldx, n0 = a.n0, n1 = a.n1, ldy = a.ldy;
@@ -286,7 +241,13 @@ void linear(const LinearArgs& a) {
   if (m == 3) return rows_block<3, 4>(x, ldx, w, ldw, k, n0, n1, y, ldy);
   if (m == 2) return rows_block<2, 8>(x, ldx, w, ldw, k, n0, n1, y, ldy);
   if (m == 1) return rows_block<1, 2>(x, ldx, w, ldw, k, n0, n1, y, ldy);
-  if (m <= kFewRowsMax) return linear_few_rows(x, ldx, m, w, ldw, k, n0, n1, y, ldy);
+  if constexpr (std::is_same_v<W, bf16>) {
+    static_assert(bf16_pairs::kMaxRows == kFewRowsMax);
+    if (m <= kFewRowsMax)
+      return bf16_pairs::linear_few_rows(x, ldx, m, reinterpret_cast<const uint16_t*>(w), ldw, k, n0, n1, y,
+                                         ldy);
+  }
+  if (m <= kFewRowsMax) return few_rows<kFewCols, kFewTileRows>(x, ldx, m, w, ldw, k, n0, n1, y, ldy);
   linear_panels(x, ldx, m, w, ldw, k, n0, n1, y, ldy);
 }
 
