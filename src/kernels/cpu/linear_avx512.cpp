@@ -85,7 +85,11 @@ void tile(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k, float
 // at once keep the DRAM and the L2 prefetcher on few pages: m = 1 reads 2 rows per tile. Two threads
 // streaming 2 GiB of bf16 rows of k = 2048 on Zen 4 (median GB/s, 3 runs, the probe's hardware-prefetch loop
 // 50-54 in the same runs): 8 rows a tile, one tile ahead 45-47; 4 rows, 2 tiles ahead 49-50; 2 rows, 1 tile
-// (8 KiB) ahead 43, 16-128 KiB ahead 53-54 either way; 2 rows without a software prefetch 27.
+// (8 KiB) ahead 43, 16-128 KiB ahead 53-54 either way; 2 rows without a software prefetch 27. So do 2 and 3
+// x rows (batched decode's experts that get 2 or 3 tokens): 2 weight rows a tile instead of 8 and 4, 4 and 6
+// accumulators, still well above the stream's rate; `xmoe linear-bench --threads 2 --isa avx512 --rows 2,3`
+// on Sapphire Rapids, three alternated runs: 2 rows 22.8-24.5 -> 26.3-29.8 GB/s, 3 rows 20.9-22.6 ->
+// 26.3-30.2 (1 row 28-31).
 constexpr int64_t kAheadBytes = 16 << 10;
 
 template <int MR, int NR, class W>
@@ -238,8 +242,8 @@ void linear(const LinearArgs& a) {
   const W* w = reinterpret_cast<const W*>(a.w->data);
   const int64_t k = a.w->cols, ldw = a.w->row_bytes / int64_t(sizeof(W));
   // Decode: the x rows stay in L1; each weight row streams once through register tiles.
-  if (m == 3) return rows_block<3, 4>(x, ldx, w, ldw, k, n0, n1, y, ldy);
-  if (m == 2) return rows_block<2, 8>(x, ldx, w, ldw, k, n0, n1, y, ldy);
+  if (m == 3) return rows_block<3, 2>(x, ldx, w, ldw, k, n0, n1, y, ldy);
+  if (m == 2) return rows_block<2, 2>(x, ldx, w, ldw, k, n0, n1, y, ldy);
   if (m == 1) return rows_block<1, 2>(x, ldx, w, ldw, k, n0, n1, y, ldy);
   if constexpr (std::is_same_v<W, bf16>) {
     static_assert(bf16_pairs::kMaxRows == kFewRowsMax);
