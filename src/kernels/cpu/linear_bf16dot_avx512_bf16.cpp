@@ -33,13 +33,16 @@ struct FreeDeleter {
 // slower (the weights stream at ~12 GB/s there, and a group computes for only a few microseconds).
 constexpr int64_t kAhead = 2;
 
-// Decode (one x row) takes one weight row at a time and prefetches the row at least kDecodeAheadBytes on, as
-// the f32 decode does (linear_avx512.cpp): one stream per thread keeps Zen 4's DRAM pages and L2 prefetcher
-// on one page at a time. One decode step of the 8-layer Qwen3-30B-A3B shape (`xmoe linear-bench --model
-// DIR --matmul-precision medium`, 2 threads, alternated runs while the read probe read 46-54 GB/s): lm_head
-// 40-42 GB/s with 6-row groups, 42-43 with 2-row groups 4-8 rows ahead, 46-52 with 1 row 4-16 rows (16-64
-// KiB) ahead; routed experts 39-40 → 41-45, attention 33-34 → 36-39. In the machine's ~35 GB/s state all
-// read alike (within 1 GB/s).
+// Decode (one to three x rows) takes one weight row at a time and prefetches the row at least
+// kDecodeAheadBytes on, as the f32 decode does (linear_avx512.cpp): one stream per thread keeps Zen 4's DRAM
+// pages and L2 prefetcher on one page at a time. One decode step of the 8-layer Qwen3-30B-A3B shape (`xmoe
+// linear-bench --model DIR --matmul-precision medium`, 2 threads, alternated runs while the read probe read
+// 46-54 GB/s): lm_head 40-42 GB/s with 6-row groups, 42-43 with 2-row groups 4-8 rows ahead, 46-52 with 1 row
+// 4-16 rows (16-64 KiB) ahead; routed experts 39-40 → 41-45, attention 33-34 → 36-39. In the machine's ~35
+// GB/s state all read alike (within 1 GB/s). 2 and 3 x rows (batched decode's experts that get 2 or 3 tokens)
+// do the same instead of 3-row groups: `xmoe linear-bench --threads 2 --isa avx512_bf16 --matmul-precision
+// medium --rows 2,3` on Sapphire Rapids, three alternated runs: 2 rows 25.6-26.5 → 28.0-30.9 GB/s, 3
+// rows 23.7-24.5 → 26.1-27.5.
 constexpr int64_t kDecodeAheadBytes = 16 << 10;
 
 // The columns [n0, n1) for one chunk of packed x rows, NR weight rows at a time, then one at a time; each
@@ -73,7 +76,7 @@ void linear_bf16_medium(const LinearArgs& a) {
     const int64_t rows = std::min(kChunkRows, a.m - c0);
     pack_x(a.x + c0 * a.ldx, a.ldx, rows, k, xp.get());
     float* y = a.y + c0 * a.ldy;
-    if (rows == 1)
+    if (rows <= 3)
       chunk_columns<1>(xp.get(), rows, steps, w, ldw, k, a.n0, a.n1, y, a.ldy,
                        std::max<int64_t>(1, (kDecodeAheadBytes + ldw * 2 - 1) / (ldw * 2)));
     else if (tile_rows(rows, steps) == kWideTileRows)
