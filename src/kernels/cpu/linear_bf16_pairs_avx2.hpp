@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/linear_panels_avx2.hpp"
 #include "kernels/cpu/prefetch_slice.hpp"
 #include "util/buffer.hpp"
 
@@ -39,13 +40,12 @@ inline float reduce_pairs(__m256 e, __m256 o) {
   return _mm_cvtss_f32(_mm_add_ss(e1, o1));
 }
 
-// How m rows split into tiles of at most kTileRows, of nearly equal heights: tile t covers rows
-// [tile_start(m, t), tile_start(m, t + 1)).
+// m rows in tiles of at most kTileRows, of nearly equal heights (as the panel GEMM splits them).
 inline int64_t tile_count(int64_t m) {
-  return (m + kTileRows - 1) / kTileRows;
+  return panels::tile_count(m, kTileRows);
 }
 inline int64_t tile_start(int64_t m, int64_t t) {
-  return m * t / tile_count(m);
+  return panels::tile_start(m, t, kTileRows);
 }
 
 // x rows [0, m) by parity, then tile by tile as [step][row][8]: parity 0 holds elements 16s + 2l, parity 1

@@ -25,6 +25,7 @@
 #include <cstring>
 #include <utility>
 
+#include "kernels/cpu/linear_panels_avx512.hpp"
 #include "kernels/cpu/linear_reduce_avx512.hpp"
 #include "kernels/cpu/prefetch_slice.hpp"
 #include "util/buffer.hpp"
@@ -35,13 +36,12 @@ constexpr int kTileRows = 6;
 constexpr int kGroupRows = 4;  // weight rows per tile
 constexpr int64_t kMaxRows = 16;
 
-// How m rows split into tiles of at most kTileRows, of nearly equal heights: tile t covers rows
-// [tile_start(m, t), tile_start(m, t + 1)).
+// m rows in tiles of at most kTileRows, of nearly equal heights (as the panel GEMM splits them).
 inline int64_t tile_count(int64_t m) {
-  return (m + kTileRows - 1) / kTileRows;
+  return panels::tile_count(m, kTileRows);
 }
 inline int64_t tile_start(int64_t m, int64_t t) {
-  return m * t / tile_count(m);
+  return panels::tile_start(m, t, kTileRows);
 }
 
 // The vpshufb control: within each 128-bit lane, dword d of the low half takes word 2d' (its low word) and

@@ -48,13 +48,13 @@ inline void store_reduced(const __m256 (&acc)[2][MR][NR], float* y, int64_t ldy)
     for (int j = 0; j < NR; ++j) y[i * ldy + j] = reduce16(acc[0][i][j], acc[1][i][j]);
 }
 
-// How m rows split into tiles of at most kTileRows, of nearly equal heights: tile t covers rows
+// How m rows split into tiles of at most `most` rows, of nearly equal heights: tile t covers rows
 // [tile_start(m, t), tile_start(m, t + 1)).
-inline int64_t tile_count(int64_t m) {
-  return (m + kTileRows - 1) / kTileRows;
+inline int64_t tile_count(int64_t m, int64_t most = kTileRows) {
+  return (m + most - 1) / most;
 }
-inline int64_t tile_start(int64_t m, int64_t t) {
-  return m * t / tile_count(m);
+inline int64_t tile_start(int64_t m, int64_t t, int64_t most = kTileRows) {
+  return m * t / tile_count(m, most);
 }
 
 // Copies x rows [0, m) into tile layout: tile t's rows i0..i1 as [step][row][16] from i0 · steps · 16,
