@@ -219,9 +219,15 @@ void stream_shape(const LinearArgs& a, int64_t n0, int64_t n1, const Tile& tile)
 // `linear-bench --threads 1 --clock thread --matmul-precision medium --prefill-rows 3`, 768 × 2048): FP8
 // 95 → 131, MXFP4 120 → 133, NVFP4 117 → 146 GFLOP/s; at 2 rows the decode shape stays ahead (FP8 110 vs
 // 107, MXFP4 140 vs 96-105, NVFP4 132 vs 121). Columns [n0, n1).
-template <class Tile>
+//
+// FP8 decodes cheaply enough to be bound by the stream, and there fewer row streams at once read faster (as
+// for BF16, linear_avx512.cpp's rows_block): 2 weight rows a tile at m ≤ 2 (`DecodeRows`). `xmoe linear-bench
+// --threads 2 --matmul-precision medium --isa avx512_bf16` on Sapphire Rapids, two alternated runs: FP8
+// decode 21.1-25.8 → 24.0-28.0 GB/s (64-79 → 73-85 % of the probe). FP4 decode is bound by its arithmetic
+// there and keeps 4 (with 2 the experts' down shape read 14 GB/s instead of 16).
+template <int DecodeRows = 4, class Tile>
 void stream(const LinearArgs& a, int64_t n0, int64_t n1, const Tile& tile) {
-  if (a.m <= 2) return stream_shape<2, 4>(a, n0, n1, tile);
+  if (a.m <= 2) return stream_shape<2, DecodeRows>(a, n0, n1, tile);
   stream_shape<4, 2>(a, n0, n1, tile);
 }
 
@@ -459,7 +465,7 @@ void linear_fp8_block_medium(const LinearArgs& a) {
       scales.row(s0, mult.data());
       for (int64_t i = 0; i < a.m; ++i)
         pack_fp8_x_row(order, a.x + i * a.ldx, k, mult.data(), padded, xq + i * padded, 32);
-      stream(a, s0, s1, Fp8Tile{a, xq, padded});
+      stream<2>(a, s0, s1, Fp8Tile{a, xq, padded});
     });
     return;
   }
