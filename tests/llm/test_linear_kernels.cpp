@@ -77,7 +77,7 @@ TEST(LinearKernels, VariantsMatchReferenceBitForBit) {
     std::mt19937 rng(7);
     std::normal_distribution<float> nd;
     for (WeightFormat format : {WeightFormat::f32, WeightFormat::bf16, WeightFormat::f16})
-      for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 100})
+      for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 100, 140})
         for (int64_t n : {1, 7, 8, 13, 33})
           for (int64_t k : {1, 15, 16, 17, 48, 64, 100, 1000})
             for (int64_t pad : {0, 5}) {

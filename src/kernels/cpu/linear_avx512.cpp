@@ -246,8 +246,7 @@ void linear(const LinearArgs& a) {
   if (m == 2) return rows_block<2, 2>(x, ldx, w, ldw, k, n0, n1, y, ldy);
   if (m == 1) return rows_block<1, 2>(x, ldx, w, ldw, k, n0, n1, y, ldy);
   if constexpr (std::is_same_v<W, bf16>) {
-    static_assert(bf16_pairs::kMaxRows == kFewRowsMax);
-    if (m <= kFewRowsMax)
+    if (bf16_pairs::takes_rows(m, k))
       return bf16_pairs::linear_few_rows(x, ldx, m, reinterpret_cast<const uint16_t*>(w), ldw, k, n0, n1, y,
                                          ldy);
   }

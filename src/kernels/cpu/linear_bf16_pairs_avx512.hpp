@@ -1,9 +1,9 @@
-// AVX-512 batched decode (4 ≤ m ≤ 16 rows) over BF16 weights widened as pairs, as on AVX2
-// (linear_bf16_pairs_avx2.hpp): a 32-bit word of a BF16 row holds elements 2l and 2l + 1, so placing its low
-// half in the high half of a zero dword widens element 2l and clearing its low half widens 2l + 1. Here one
-// `vpshufb` does both for a 16-column step: the step's 32 bytes are loaded into both halves of a register
-// (a broadcast load, no shuffle port) and the byte shuffle puts elements 0, 2, …, 14 in the low half and
-// 1, 3, …, 15 in the high half, as f32. One shuffle per 16 weights and nothing else, where load_w32
+// AVX-512 batched decode and few-row products (4 to ~64 rows, takes_rows) over BF16 weights widened as pairs,
+// as on AVX2 (linear_bf16_pairs_avx2.hpp): a 32-bit word of a BF16 row holds elements 2l and 2l + 1, so
+// placing its low half in the high half of a zero dword widens element 2l and clearing its low half widens 2l
+// + 1. Here one `vpshufb` does both for a 16-column step: the step's 32 bytes are loaded into both halves of
+// a register (a broadcast load, no shuffle port) and the byte shuffle puts elements 0, 2, …, 14 in the low
+// half and 1, 3, …, 15 in the high half, as f32. One shuffle per 16 weights and nothing else, where load_w32
 // (linear_avx512.cpp) spends a `vpermw`, a shift and a mask per 32 — 1.5 ops per 16 — and on Sapphire
 // Rapids every one of them takes a slot of the two ports that also run the 512-bit FMAs. (maskz forms: the
 // unmasked broadcast and permute start from an undefined register, which GCC 12 warns about.)
@@ -34,7 +34,16 @@ namespace xmoe::kernels::avx512::bf16_pairs {
 
 constexpr int kTileRows = 6;
 constexpr int kGroupRows = 4;  // weight rows per tile
-constexpr int64_t kMaxRows = 16;
+
+// Whether m x rows of k columns run here rather than in the panel GEMM (linear_panels_avx512.hpp): up to 16
+// rows (batched decode), and beyond while the packed x rows fit in 512 KiB, half of Zen 4's L2 (every group
+// of weight rows reads all of them again). One thread on Sapphire Rapids, k = 2048 and 768, alternated builds
+// (`xmoe linear-bench --threads 1 --clock thread --isa avx512 --rows 17,24,32,48,64,96,128,256,512`): 17
+// rows 72-88 → 88-110 GFLOP/s, 32 rows 100-112 → 113-130, 64 rows 118-127 → 130-148 (the experts' rows at
+// a 512-token prefill: 32 on average); level at 96-128, and at 256 rows (2 MiB of x) 60-70 % of the panels'.
+inline bool takes_rows(int64_t m, int64_t k) {
+  return m >= 4 && (m <= 16 || m * k * int64_t(sizeof(float)) <= (512 << 10));
+}
 
 // m rows in tiles of at most kTileRows, of nearly equal heights (as the panel GEMM splits them).
 inline int64_t tile_count(int64_t m) {
@@ -150,7 +159,7 @@ void group(const float* xp, int64_t m, int64_t steps, const uint16_t* w, int64_t
   }
 }
 
-// y[i, n] for i < m (4 ≤ m ≤ kMaxRows), n in [n0, n1).
+// y[i, n] for i < m (takes_rows(m, k)), n in [n0, n1).
 inline void linear_few_rows(const float* x, int64_t ldx, int64_t m, const uint16_t* w, int64_t ldw, int64_t k,
                             int64_t n0, int64_t n1, float* y, int64_t ldy) {
   const int64_t steps = (k + 15) / 16;
