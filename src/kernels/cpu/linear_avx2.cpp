@@ -232,8 +232,7 @@ void linear(const LinearArgs& a) {
   const W* w = reinterpret_cast<const W*>(a.w->data);
   const int64_t k = a.w->cols, ldw = a.w->row_bytes / int64_t(sizeof(W));
   if constexpr (std::is_same_v<W, bf16>) {
-    static_assert(bf16_pairs::kMaxRows == kFewRowsMax);
-    if (a.m >= 4 && a.m <= kFewRowsMax)
+    if (bf16_pairs::takes_rows(a.m, k))
       return bf16_pairs::linear_few_rows(a.x, a.ldx, a.m, reinterpret_cast<const uint16_t*>(w), ldw, k, a.n0,
                                          a.n1, a.y, a.ldy);
   }

@@ -1,6 +1,7 @@
-// AVX2 batched decode (4 ≤ m ≤ 16 rows) over BF16 weights, with the weights widened as pairs: a 32-bit word
-// of a BF16 row holds elements 2l (low half) and 2l + 1 (high half), so `word << 16` is element 2l as f32 and
-// `word & 0xFFFF0000` element 2l + 1 — one integer op per 8 weights and no shuffle, where widening 8 in place
+// AVX2 batched decode and few-row products (4 rows on, takes_rows) over BF16 weights, with the weights
+// widened as pairs: a 32-bit word of a BF16 row holds elements 2l (low half) and 2l + 1 (high half), so `word
+// << 16` is element 2l as f32 and `word & 0xFFFF0000` element 2l + 1 — one integer op per 8 weights and no
+// shuffle, where widening 8 in place
 // (`vpmovzxwd` + shift, linear_avx2.cpp's load8) costs two, one of them on the shuffle port. The lanes of the
 // shared summation order (linear_lanes.hpp) then sit in two registers by parity instead of by half: the even
 // register holds lanes 0, 2, …, 14 and the odd one lanes 1, 3, …, 15, each lane the same FMA chain over the
@@ -26,7 +27,16 @@ namespace xmoe::kernels::avx2::bf16_pairs {
 
 constexpr int kTileRows = 6;
 constexpr int kGroupRows = 2;  // weight rows per tile
-constexpr int64_t kMaxRows = 16;
+
+// Whether m x rows of k columns run here rather than in the panel GEMM (linear_panels_avx2.hpp): from 4 rows
+// while the packed x rows fit in 1 MiB (each set of weight rows reads them all again, at 2 bytes per FMA).
+// One thread on Sapphire Rapids capped at AVX2, alternated builds (`xmoe linear-bench --threads 1 --clock
+// thread --isa avx2 --rows 17,24,32,48,64,96,128,256,512`, k = 2048 and 768): 17 rows 51-57 → 66-76
+// GFLOP/s, 32 rows 63-64 → 75-87, 64 rows 64-67 → 78-89, 128 rows 70-72 → 79-88; 256 rows (2 MiB of x at k
+// = 2048) still 70-81 against 69-73, 512 rows 70-81 against 72-77.
+inline bool takes_rows(int64_t m, int64_t k) {
+  return m >= 4 && m * k * int64_t(sizeof(float)) <= (1 << 20);
+}
 
 // The even lanes' register e (lanes 0, 2, …, 14) and the odd lanes' o (1, 3, …, 15) reduced as
 // reduce_lanes does: l + 8 (within each register's halves), l + 4, l + 2, then the even sum + the odd sum.
@@ -173,7 +183,7 @@ inline void set_of_rows(const float* xp, int64_t m, int64_t k, const uint16_t* w
   }
 }
 
-// y[i, n] for i < m (4 ≤ m ≤ kMaxRows), n in [n0, n1): weight rows in sets of kSetRows, each set
+// y[i, n] for i < m (takes_rows(m, k)), n in [n0, n1): weight rows in sets of kSetRows, each set
 // prefetching the next into L2 while it runs.
 inline void linear_few_rows(const float* x, int64_t ldx, int64_t m, const uint16_t* w, int64_t ldw, int64_t k,
                             int64_t n0, int64_t n1, float* y, int64_t ldy) {
