@@ -1,11 +1,11 @@
-// AVX2 batched decode and few-row products (4 rows on, takes_rows) over BF16 weights, with the weights
-// widened as pairs: a 32-bit word of a BF16 row holds elements 2l (low half) and 2l + 1 (high half), so `word
-// << 16` is element 2l as f32 and `word & 0xFFFF0000` element 2l + 1 — one integer op per 8 weights and no
-// shuffle, where widening 8 in place
-// (`vpmovzxwd` + shift, linear_avx2.cpp's load8) costs two, one of them on the shuffle port. The lanes of the
-// shared summation order (linear_lanes.hpp) then sit in two registers by parity instead of by half: the even
-// register holds lanes 0, 2, …, 14 and the odd one lanes 1, 3, …, 15, each lane the same FMA chain over the
-// same p as before, and reduce_pairs adds them in the fixed tree's order. So the bits are the reference's.
+// AVX2 batched decode and few-row products (from 4 rows, takes_rows) over BF16 weights, with the weights
+// widened as pairs: a 32-bit word of a BF16 row holds elements 2l (low half) and 2l + 1 (high half), so
+// `word << 16` is element 2l as f32 and `word & 0xFFFF0000` element 2l + 1 — one integer op per 8 weights and
+// no shuffle, where widening 8 in place (`vpmovzxwd` + shift, linear_avx2.cpp's load8) costs two, one of them
+// on the shuffle port. The lanes of the shared summation order (linear_lanes.hpp) then sit in two registers
+// by parity instead of by half: the even register holds lanes 0, 2, …, 14 and the odd one lanes 1, 3, …, 15,
+// each lane the same FMA chain over the same p as before, and reduce_pairs adds them in the fixed tree's
+// order. So the bits are the reference's.
 //
 // Each parity is its own pass over k, so a tile needs only its rows × weight rows accumulators of 8 lanes and
 // can be 6 x rows × 2 weight rows (12 accumulators, 2 weights, 1 x and the mask: all 16 registers) instead of
@@ -33,7 +33,7 @@ constexpr int kGroupRows = 2;  // weight rows per tile
 // One thread on Sapphire Rapids capped at AVX2, alternated builds (`xmoe linear-bench --threads 1 --clock
 // thread --isa avx2 --rows 17,24,32,48,64,96,128,256,512`, k = 2048 and 768): 17 rows 51-57 → 66-76
 // GFLOP/s, 32 rows 63-64 → 75-87, 64 rows 64-67 → 78-89, 128 rows 70-72 → 79-88; 256 rows (2 MiB of x at k
-// = 2048) still 70-81 against 69-73, 512 rows 70-81 against 72-77.
+// = 2048) still 70-81 against 69-73, 512 rows 70-74 against 72-77.
 inline bool takes_rows(int64_t m, int64_t k) {
   return m >= 4 && m * k * int64_t(sizeof(float)) <= (1 << 20);
 }

@@ -3,10 +3,11 @@
 // placing its low half in the high half of a zero dword widens element 2l and clearing its low half widens 2l
 // + 1. Here one `vpshufb` does both for a 16-column step: the step's 32 bytes are loaded into both halves of
 // a register (a broadcast load, no shuffle port) and the byte shuffle puts elements 0, 2, …, 14 in the low
-// half and 1, 3, …, 15 in the high half, as f32. One shuffle per 16 weights and nothing else, where load_w32
-// (linear_avx512.cpp) spends a `vpermw`, a shift and a mask per 32 — 1.5 ops per 16 — and on Sapphire
-// Rapids every one of them takes a slot of the two ports that also run the 512-bit FMAs. (maskz forms: the
-// unmasked broadcast and permute start from an undefined register, which GCC 12 warns about.)
+// half and 1, 3, …, 15 in the high half, as f32. One shuffle per 16 weights and nothing else, where the
+// former kernel's load_w32 spent a `vpermw`, a shift and a mask per 32 — 1.5 ops per 16 — and on Sapphire
+// Rapids every one of them takes a slot of the two ports that also run the 512-bit FMAs. (On Zen 4 shuffles
+// share the FMA pipes and shifts do not, so there the two cost about the same per FMA; not measured.) maskz
+// forms: the unmasked broadcast and permute start from an undefined register, which GCC 12 warns about.
 //
 // The accumulators then hold the 16 lanes of the shared summation order (linear_lanes.hpp) as [0, 2, …, 14 |
 // 1, 3, …, 15] — lane l's chain is the same FMAs over the same p — and each is permuted back to lane order
@@ -14,7 +15,7 @@
 // same order. Tiles are up to 6 x rows × 4 weight rows (24 accumulators, 4 weights, 1 x and the shuffle
 // control of the 32 registers); each group of 4 weight rows streams once per call, the tiles over it
 // prefetching the next group into L2. One thread on Sapphire Rapids, operands in L1 or L2, 512-bit FMA peak
-// 239 GFLOP/s: this tile 150–170 GFLOP/s, load_w32's 4 × 5 tile 110–131. Include only from files compiled
+// 239 GFLOP/s: this tile 150–170 GFLOP/s, the former 4 × 5 tile 110–131. Include only from files compiled
 // with the AVX-512 flags (F, BW).
 #pragma once
 #include <immintrin.h>
