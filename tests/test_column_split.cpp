@@ -39,9 +39,9 @@ TEST(ColumnSplit, EveryUnitOnceInTheContractsChunks) {
   };
   const Case cases[] = {
       {2, 1, 1000, 600 * mib, 16},  // decode of a large weight: kChunksPerThread per thread at most
-      {2, 1, 1000, 1 * mib, 4},     // 256 KiB per chunk per row
-      {2, 4, 1000, 3 * mib, 3},     // 1 MiB per chunk at 4 rows
-      {2, 16, 1000, 1 * mib, 2},    // at least one chunk per thread
+      {2, 1, 1000, 1 * mib, 4},     // 256 KiB per chunk
+      {2, 4, 1000, 3 * mib, 12},    // 256 KiB per chunk at 4 rows too
+      {2, 16, 1000, mib / 4, 2},    // at least one chunk per thread
       {3, 1, 1000, 600 * mib, 24}, {2, 1, 5, 600 * mib, 5},     // no more chunks than units
       {2, 17, 1000, 600 * mib, 2},                              // prefill: one share per thread
       {4, 512, 3, 600 * mib, 3},   {1, 1, 1000, 600 * mib, 1},  // one thread: one call

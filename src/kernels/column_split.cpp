@@ -11,10 +11,10 @@ void split_columns(int threads, int64_t m, int64_t units, int64_t bytes,
     if (units > 0) body(0, units);
     return;
   }
-  const int64_t per_row_chunks = bytes / (std::max<int64_t>(m, 1) * kChunkBytesPerRow);
-  const int64_t chunks = std::min(
-      units, m <= kDynamicRowsMax ? std::clamp<int64_t>(per_row_chunks, threads, threads * kChunksPerThread)
-                                  : int64_t(threads));
+  const int64_t chunks =
+      std::min(units, m <= kDynamicRowsMax
+                          ? std::clamp<int64_t>(bytes / kChunkBytes, threads, threads * kChunksPerThread)
+                          : int64_t(threads));
   // An exception cannot leave a parallel region: the first one is kept and rethrown after it.
   std::exception_ptr failure;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
