@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 
 #include "kernels/cpu/linear_panels_avx2.hpp"
 #include "kernels/cpu/prefetch_slice.hpp"
@@ -67,9 +68,10 @@ inline void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, float* out
     const int64_t i0 = tile_start(m, t), h = tile_start(m, t + 1) - i0;
     for (int64_t r = 0; r < h; ++r)
       for (int64_t s = 0; s < steps; ++s) {
-        alignas(32) float v[16] = {};
+        alignas(32) float v[16];
         const float* src = x + (i0 + r) * ldx + s * 16;
-        if (s * 16 + 16 > k) {  // the tail
+        if (s * 16 + 16 > k) {  // the tail, zeros past k
+          std::fill(std::begin(v), std::end(v), 0.0f);
           std::memcpy(v, src, static_cast<size_t>(k - s * 16) * sizeof(float));
           src = v;
         }
@@ -156,10 +158,12 @@ constexpr int kSetRows = 16;
 inline void set_of_rows(const float* xp, int64_t m, int64_t k, const uint16_t* w, int64_t ldw, int64_t rows,
                         float* y, int64_t ldy, const char* next, int64_t next_bytes) {
   const int64_t steps = (k + 15) / 16, full = k / 16;
-  alignas(32) uint16_t tail[kSetRows][16] = {};
-  if (full < steps)
+  alignas(32) uint16_t tail[kSetRows][16];  // read only when k has a tail
+  if (full < steps) {
+    std::memset(tail, 0, sizeof tail);
     for (int64_t j = 0; j < rows; ++j)
       std::memcpy(tail[j], w + j * ldw + full * 16, static_cast<size_t>(k - full * 16) * sizeof(uint16_t));
+  }
   const int64_t groups = (rows + kGroupRows - 1) / kGroupRows;
   const int64_t passes = tile_count(m) * 2 * groups, share = (next_bytes + passes - 1) / passes;
   alignas(32) float even[kSetRows / kGroupRows][kTileRows * kGroupRows * 8];

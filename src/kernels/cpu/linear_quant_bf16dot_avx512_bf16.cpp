@@ -212,22 +212,16 @@ void stream_shape(const LinearArgs& a, int64_t n0, int64_t n1, const Tile& tile)
   for (; n < n1; ++n) run_tiles.template operator()<1>(n);
 }
 
-// Decode (m ≤ 2): 4 weight rows against one tile of the x rows. From 3 rows: 2 weight rows against tiles of
-// up to 4 x rows, so each weight vector decoded feeds twice the products. Both keep their partial sums,
-// accumulators, weights and multipliers in the 32 vector registers; the shape changes no bit. 3 rows ran as
-// the decode shape's tiles of 2 + 1 rows, decoding every weight twice; as one tile of 3 (one thread,
-// `linear-bench --threads 1 --clock thread --matmul-precision medium --prefill-rows 3`, 768 × 2048): FP8
-// 95 → 131, MXFP4 120 → 133, NVFP4 117 → 146 GFLOP/s; at 2 rows the decode shape stays ahead (FP8 110 vs
-// 107, MXFP4 140 vs 96-105, NVFP4 132 vs 121). Columns [n0, n1).
-//
-// FP8 decodes cheaply enough to be bound by the stream, and there fewer row streams at once read faster (as
-// for BF16, linear_avx512.cpp's rows_block): 2 weight rows a tile at m ≤ 2 (`DecodeRows`). `xmoe linear-bench
-// --threads 2 --matmul-precision medium --isa avx512_bf16` on Sapphire Rapids, two alternated runs: FP8
-// decode 21.1-25.8 → 24.0-28.0 GB/s (64-79 → 73-85 % of the probe). FP4 decode is bound by its arithmetic
-// there and keeps 4 (with 2 the experts' down shape read 14 GB/s instead of 16).
-template <int DecodeRows = 4, class Tile>
+// Decode (m ≤ 2): Tile::kDecodeRows weight rows (FP4 4, FP8 2) against one tile of the x rows. From 3 rows: 2
+// weight rows against tiles of up to 4 x rows, so each weight vector decoded feeds twice the products. Both
+// keep their partial sums, accumulators, weights and multipliers in the 32 vector registers; the shape
+// changes no bit. 3 rows ran as the decode shape's tiles of 2 + 1 rows, decoding every weight twice; as one
+// tile of 3 (one thread, `linear-bench --threads 1 --clock thread --matmul-precision medium --prefill-rows
+// 3`, 768 × 2048): FP8 95 → 131, MXFP4 120 → 133, NVFP4 117 → 146 GFLOP/s; at 2 rows the decode shape stays
+// ahead (FP8 110 vs 107, MXFP4 140 vs 96-105, NVFP4 132 vs 121). Columns [n0, n1).
+template <class Tile>
 void stream(const LinearArgs& a, int64_t n0, int64_t n1, const Tile& tile) {
-  if (a.m <= 2) return stream_shape<2, DecodeRows>(a, n0, n1, tile);
+  if (a.m <= 2) return stream_shape<2, Tile::kDecodeRows>(a, n0, n1, tile);
   stream_shape<4, 2>(a, n0, n1, tile);
 }
 
@@ -254,6 +248,9 @@ bool dispatch_rows(int64_t rows, const F& f) {
 
 template <bool NV>
 struct Fp4Tile {
+  // FP4 decode is bound by its arithmetic on Sapphire Rapids: 2 weight rows a tile made the experts' down
+  // shape read 14 GB/s instead of 16.
+  static constexpr int kDecodeRows = 4;
   const LinearArgs& a;
   const uint16_t* xp;
   int64_t padded;
@@ -278,6 +275,11 @@ struct Fp4Tile {
 };
 
 struct Fp8Tile {
+  // FP8 decodes cheaply enough to be bound by the stream, and there fewer row streams at once read faster (as
+  // for BF16, linear_avx512.cpp's rows_block): 2 weight rows a tile at m ≤ 2. `xmoe linear-bench --threads 2
+  // --matmul-precision medium --isa avx512_bf16` on Sapphire Rapids, two alternated runs: FP8 decode
+  // 21.1-25.8 → 24.0-28.0 GB/s (64-79 → 73-85 % of the probe) against 4 rows a tile.
+  static constexpr int kDecodeRows = 2;
   const LinearArgs& a;
   const uint16_t* xq;
   int64_t padded;
@@ -465,7 +467,7 @@ void linear_fp8_block_medium(const LinearArgs& a) {
       scales.row(s0, mult.data());
       for (int64_t i = 0; i < a.m; ++i)
         pack_fp8_x_row(order, a.x + i * a.ldx, k, mult.data(), padded, xq + i * padded, 32);
-      stream<2>(a, s0, s1, Fp8Tile{a, xq, padded});
+      stream(a, s0, s1, Fp8Tile{a, xq, padded});
     });
     return;
   }
