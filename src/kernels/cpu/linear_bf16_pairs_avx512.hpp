@@ -94,8 +94,9 @@ inline void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, float* out
 }
 
 // y[i, j] for the MR x rows of one packed tile (xt: [step][MR][16]) and NR weight rows read in place;
-// prefetches [next, next + next_bytes) into L2 over its steps.
-template <int MR, int NR>
+// prefetches [next, next + next_bytes) into L2 over its steps: a fixed NR lines a step, the rate at which it
+// reads its own rows, when it is the group's only tile, else evenly over all its steps (see group).
+template <int MR, int NR, bool Evenly>
 void tile(const float* xt, const uint16_t* w, int64_t ldw, int64_t k, float* y, int64_t ldy, const char* next,
           int64_t next_bytes) {
   __m512 acc[MR][NR];
@@ -115,8 +116,12 @@ void tile(const float* xt, const uint16_t* w, int64_t ldw, int64_t k, float* y, 
   };
   constexpr int64_t kStepBytes = NR * 16 * int64_t(sizeof(uint16_t));
   const int64_t full = k / 16;
+  PrefetchEvenly ahead(next, next_bytes, full);
   for (int64_t s = 0; s < full; ++s) {
-    prefetch_slice(next, s * kStepBytes, kStepBytes, next_bytes);
+    if constexpr (Evenly)
+      ahead.step();
+    else
+      prefetch_slice(next, s * kStepBytes, kStepBytes, next_bytes);
     __m512 wv[NR];
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = load_pairs(w + j * ldw + s * 16, control);
@@ -141,22 +146,29 @@ void tile(const float* xt, const uint16_t* w, int64_t ldw, int64_t k, float* y, 
 // [next, next + next_bytes) into L2. The first tile prefetching all of it (the former way; its loads are the
 // ones that miss) ran 0-8 % slower from DRAM (one thread, 1 GiB of weights, 4-16 x rows at k = 768 and 2048,
 // variants interleaved in one process); no software prefetch at all was 10-15 % faster at k = 2048 with 12-16
-// rows but 25-40 % slower at k = 768.
+// rows but 25-40 % slower at k = 768. Each tile asking for its share at NR lines a step, the rate it reads
+// its own rows, asked for it in the first 1/tiles of its steps, and prefetches that miss hold L1 fill
+// buffers the tile's x loads from L2 then wait for; spread over all its steps (PrefetchEvenly), the same
+// measurement gave 16 rows at k = 2048 87-92 → 104-113 GFLOP/s, 32 rows 108-120 → 124-136, 8 rows at k = 768
+// 78-81 → 84-87. A single tile (m ≤ 6) keeps the fixed rate: evenly spread there is the same addresses, and
+// ran 4 % slower.
 template <int NR>
 void group(const float* xp, int64_t m, int64_t steps, const uint16_t* w, int64_t ldw, int64_t k, float* y,
            int64_t ldy, const char* next, int64_t next_bytes) {
   using TileFn =
       void (*)(const float*, const uint16_t*, int64_t, int64_t, float*, int64_t, const char*, int64_t);
-  constexpr auto kTiles = []<int... R>(std::integer_sequence<int, R...>) {
-    return std::array<TileFn, kTileRows + 1>{nullptr, tile<R + 1, NR>...};
-  }
-  (std::make_integer_sequence<int, kTileRows>{});
+  constexpr auto kTiles = []<bool Evenly, int... R>(std::integer_sequence<int, R...>) {
+    return std::array<TileFn, kTileRows + 1>{nullptr, tile<R + 1, NR, Evenly>...};
+  };
+  constexpr auto kOnlyTile = kTiles.template operator()<false>(std::make_integer_sequence<int, kTileRows>{});
+  constexpr auto kSharingTiles = kTiles.template operator()<true>(std::make_integer_sequence<int, kTileRows>{});
+  if (tile_count(m) == 1) return kOnlyTile[m](xp, w, ldw, k, y, ldy, next, next_bytes);
   const int64_t share = (next_bytes + tile_count(m) - 1) / tile_count(m);
   for (int64_t t = 0; t < tile_count(m); ++t) {
     const int64_t i0 = tile_start(m, t);
     const int64_t at = t * share, bytes = std::clamp<int64_t>(next_bytes - at, 0, share);
-    kTiles[tile_start(m, t + 1) - i0](xp + i0 * steps * 16, w, ldw, k, y + i0 * ldy, ldy,
-                                      bytes > 0 ? next + at : nullptr, bytes);
+    kSharingTiles[tile_start(m, t + 1) - i0](xp + i0 * steps * 16, w, ldw, k, y + i0 * ldy, ldy,
+                                             bytes > 0 ? next + at : nullptr, bytes);
   }
 }
 

@@ -14,4 +14,22 @@ inline void prefetch_slice(const char* next, int64_t at, int64_t bytes, int64_t 
   for (int64_t b = at; b < std::min(at + bytes, next_bytes); b += 64) _mm_prefetch(next + b, _MM_HINT_T1);
 }
 
+// The lines of [next, next + bytes) into L2 spread evenly over `steps` calls of step(): call s asks for lines
+// [lines · s / steps, lines · (s + 1) / steps), fewer than one a call where the tile is long. For tiles that
+// share a group of weight rows, where a fixed slice per step would ask for their share in a burst: on Intel
+// an L2 prefetch holds one of the core's ~16 L1 fill buffers until DRAM answers, so a burst stalls the tile's
+// own x loads from L2 behind it.
+class PrefetchEvenly {
+ public:
+  PrefetchEvenly(const char* next, int64_t bytes, int64_t steps)
+      : next_(next), lines_(next == nullptr ? 0 : (bytes + 63) / 64), steps_(std::max<int64_t>(steps, 1)) {}
+  void step() {
+    for (owed_ += lines_; owed_ >= steps_; owed_ -= steps_, next_ += 64) _mm_prefetch(next_, _MM_HINT_T1);
+  }
+
+ private:
+  const char* next_;
+  int64_t lines_, steps_, owed_ = 0;
+};
+
 }  // namespace xmoe::kernels
