@@ -91,7 +91,7 @@ inline void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, float* out
 // One parity's pass of an MR × NR tile: x rows at xs (row i of step s at xs + (s · MR + i) · 8), weight row
 // j's step s at w + j · ldw + 16 s for s < full, then (when full < steps) the zero-padded tail at tail + 16
 // j. Stores the 8-lane accumulators to acc + (i · NR + j) · 8. Prefetches [next, next + next_bytes) into L2
-// over its steps, a line a step (its share of the next set's rows).
+// evenly over its steps (its share of the next set's rows; see set_of_rows).
 template <int MR, int NR, int Parity>
 void tile(const float* xs, const uint16_t* w, int64_t ldw, int64_t full, int64_t steps, const uint16_t* tail,
           float* acc_out, const char* next, int64_t next_bytes) {
@@ -116,10 +116,10 @@ void tile(const float* xs, const uint16_t* w, int64_t ldw, int64_t full, int64_t
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   };
-  constexpr int64_t kStepBytes = NR * 16 * int64_t(sizeof(uint16_t));
   const uint16_t* ws[NR];
+  PrefetchEvenly ahead(next, next_bytes, full);
   for (int64_t s = 0; s < full; ++s) {
-    prefetch_slice(next, s * kStepBytes, kStepBytes, next_bytes);
+    ahead.step();
     for (int j = 0; j < NR; ++j) ws[j] = w + j * ldw + s * 16;
     step(xs + s * MR * 8, ws);
   }
