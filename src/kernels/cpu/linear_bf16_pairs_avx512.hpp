@@ -161,7 +161,8 @@ void group(const float* xp, int64_t m, int64_t steps, const uint16_t* w, int64_t
     return std::array<TileFn, kTileRows + 1>{nullptr, tile<R + 1, NR, Evenly>...};
   };
   constexpr auto kOnlyTile = kTiles.template operator()<false>(std::make_integer_sequence<int, kTileRows>{});
-  constexpr auto kSharingTiles = kTiles.template operator()<true>(std::make_integer_sequence<int, kTileRows>{});
+  constexpr auto kSharingTiles =
+      kTiles.template operator()<true>(std::make_integer_sequence<int, kTileRows>{});
   if (tile_count(m) == 1) return kOnlyTile[m](xp, w, ldw, k, y, ldy, next, next_bytes);
   const int64_t share = (next_bytes + tile_count(m) - 1) / tile_count(m);
   for (int64_t t = 0; t < tile_count(m); ++t) {
