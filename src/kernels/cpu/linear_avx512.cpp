@@ -113,42 +113,42 @@ void rows_block(const float* x, int64_t ldx, const W* w, int64_t ldw, int64_t k,
 // Many rows (prefill, batches above kFewRowsMax): panels::linear_panels (linear_panels_avx512.hpp, shared
 // with the quantized formats) decodes each weight once per call into f32 panels and runs register tiles over
 // them; each output is still one 16-lane chain over ascending p and the fixed reduction, so the results are
-// the m < 4 path's (and the reference's) bit for bit. Decodes weight rows [j, j + rows) (rows ≤ kPanelRows;
-// the missing rows are zeros) into `panel`, and asks for the next panel's rows (`next`, `next_rows`) to come
-// into L2 while it reads these. It reads the rows step by step side by side, not one after another: four
-// streams in flight instead of one (a bf16 row of k = 2048 is a 4 KiB page, where the hardware prefetcher
-// starts again). Decoding alone from DRAM, one thread on Sapphire Rapids: 9.2 → 13.2 GB/s of bf16; `xmoe
-// linear-bench --threads 1 --clock thread --isa avx512_bf16 --rows 32`: f32 weights (two pages a row) 86–92
-// → 87–106 GFLOP/s, bf16 level (108–112 either way).
+// the m < 4 path's (and the reference's) bit for bit. The packer decodes weight rows [j, j + rows) (rows ≤
+// kPanelRows; the missing rows are zeros) into `panel`, reading the rows step by step side by side, not one
+// after another: four streams in flight instead of one (a bf16 row of k = 2048 is a 4 KiB page, where the
+// hardware prefetcher starts again). Decoding alone from DRAM, one thread on Sapphire Rapids: 9.2 → 13.2 GB/s
+// of bf16; `xmoe linear-bench --threads 1 --clock thread --isa avx512_bf16 --rows 32`: f32 weights (two pages
+// a row) 86–92 → 87–106 GFLOP/s, bf16 level (108–112 either way). The next panel's rows are prefetched by the
+// tiles over this one (`span`), evenly: asked for here, in the few microseconds the decoding takes, they held
+// the L1 fill buffers the decoding's own loads needed. `xmoe linear-bench --threads 1 --clock thread --isa
+// avx512 --rows 512`, bf16, three alternated runs on Sapphire Rapids: expert gate+up 126-134 → 133-142
+// GFLOP/s, expert down 135-148 → 149-153, attention q 128-134 → 141-143; a 512-token prefill of the 8-layer
+// Qwen3-30B-A3B shape 238 → 249 tok/s.
 template <class W>
-void pack_panel(const W* w, int64_t ldw, int64_t k, int rows, const W* next, int next_rows, float* panel) {
-  const int64_t steps = (k + 15) / 16;
-  for (int64_t s = 0; s < steps; ++s) {
-    const int64_t p = s * 16;
-    const __mmask16 mask = k - p >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - p)) - 1);
-    // One prefetch per 64-byte line read: 16 elements span 64 bytes (f32) or 32 (bf16/f16).
-    const bool line_start = (p * int64_t(sizeof(W))) % 64 == 0;
+struct RowPanelPacker {
+  const W* w;
+  int64_t ldw, k;
+  void operator()(int64_t j, int rows, float* panel) const {
+    const int64_t steps = (k + 15) / 16;
+    const W* const first = w + j * ldw;
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t p = s * 16;
+      const __mmask16 mask = k - p >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - p)) - 1);
 #pragma GCC unroll 4
-    for (int j = 0; j < kPanelRows; ++j) {
-      float* out = panel + (s * kPanelRows + j) * 16;
-      if (j >= rows) {
-        _mm512_store_ps(out, _mm512_setzero_ps());
-        continue;
-      }
-      if (line_start && j < next_rows)
-        _mm_prefetch(reinterpret_cast<const char*>(next + j * ldw) + p * int64_t(sizeof(W)), _MM_HINT_T1);
-      _mm512_store_ps(out, load_w(w + j * ldw + p, mask));
+      for (int r = 0; r < kPanelRows; ++r)
+        _mm512_store_ps(panel + (s * kPanelRows + r) * 16,
+                        r < rows ? load_w(first + r * ldw + p, mask) : _mm512_setzero_ps());
     }
   }
-}
+  WeightSpan span(int64_t j, int rows) const {
+    return {reinterpret_cast<const char*>(w + j * ldw), ((rows - 1) * ldw + k) * int64_t(sizeof(W))};
+  }
+};
 
 template <class W>
 void linear_panels(const float* x, int64_t ldx, int64_t m, const W* w, int64_t ldw, int64_t k, int64_t n0,
                    int64_t n1, float* y, int64_t ldy) {
-  panels::linear_panels(x, ldx, m, k, n0, n1, y, ldy, [&](int64_t j, int count, float* panel) {
-    const int next = static_cast<int>(std::clamp<int64_t>(n1 - j - kPanelRows, 0, kPanelRows));
-    pack_panel(w + j * ldw, ldw, k, count, w + (j + kPanelRows) * ldw, next, panel);
-  });
+  panels::linear_panels(x, ldx, m, k, n0, n1, y, ldy, RowPanelPacker<W>{w, ldw, k});
 }
 
 // Batched decode (4 ≤ m ≤ kFewRowsMax): the weights stream from memory once per call in groups of kFewCols

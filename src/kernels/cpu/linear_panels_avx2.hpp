@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cpu/prefetch_slice.hpp"
 #include "util/buffer.hpp"
 
 namespace xmoe::kernels::avx2::panels {
@@ -112,10 +113,13 @@ constexpr PanelTileFn kPanelTiles[kTileRows + 1] = {nullptr, panel_tile<1, NR>, 
 
 // The m packed x rows over the panel's `count` rows: tile by tile, each tile over the panel's pairs of rows
 // (panels of 4 or 8 rows, each tile's rows in L1 while the pairs came from L2, ran no faster than 2 on
-// Sapphire Rapids).
+// Sapphire Rapids). Before each tile it asks for its share of the lines of `ahead` (the next panel's weights,
+// when the packer names them).
 inline void panel_rows(const float* xp, int64_t m, const float* panel, int count, int64_t steps, float* y,
-                       int64_t ldy) {
+                       int64_t ldy, WeightSpan ahead) {
+  PrefetchEvenly prefetch(ahead.data, ahead.bytes, tile_count(m));
   for (int64_t t = 0; t < tile_count(m); ++t) {
+    prefetch.step();
     const int64_t i0 = tile_start(m, t), h = tile_start(m, t + 1) - i0;
     const float* xt = xp + i0 * steps * 16;
     int r = 0;
@@ -127,7 +131,8 @@ inline void panel_rows(const float* xp, int64_t m, const float* panel, int count
 // y[i, n] for i < m, n in [n0, n1) over weights of k columns that `pack_panel(j, rows, panel)` decodes:
 // weight rows [j, j + rows) (rows ≤ kPanelRows) as f32 into the panel's rows 0..rows-1 (row r's step s at
 // panel + (s · kPanelRows + r) · 16, 32-byte aligned, zeros past k; rows past `rows` are never read). It
-// runs once per panel and chunk of kChunkRows x rows.
+// runs once per panel and chunk of kChunkRows x rows. A packer whose rows are one span of memory names it
+// (`pack_panel.span(j, rows)`, a WeightSpan), and the tiles over the panel before prefetch it.
 template <class PackPanel>
 void linear_panels(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t n0, int64_t n1, float* y,
                    int64_t ldy, PackPanel&& pack_panel) {
@@ -141,7 +146,8 @@ void linear_panels(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t n0
     for (int64_t j = n0; j < n1; j += kPanelRows) {
       const int count = static_cast<int>(std::min<int64_t>(kPanelRows, n1 - j));
       pack_panel(j, count, panel);
-      panel_rows(xp, rows, panel, count, steps, y + c0 * ldy + j, ldy);
+      const WeightSpan ahead = next_panel_span(pack_panel, j, kPanelRows, n0, n1, c0 + kChunkRows < m);
+      panel_rows(xp, rows, panel, count, steps, y + c0 * ldy + j, ldy, ahead);
     }
   }
 }

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/linear_reduce_avx512.hpp"
+#include "kernels/cpu/prefetch_slice.hpp"
 #include "util/buffer.hpp"
 
 namespace xmoe::kernels::avx512::panels {
@@ -109,14 +110,17 @@ constexpr PanelTileFn kPanelTiles[kTileRows + 1] = {nullptr,           panel_til
 constexpr int64_t kBlockSteps = 48;
 
 // The m packed x rows over the panel's first NR rows, k block by k block, tile by tile; `partials` holds
-// kTileRows · kPanelRows vectors for each tile.
+// kTileRows · kPanelRows vectors for each tile. Between tiles it asks for the lines of `ahead` (the next
+// panel's weights, when the packer names them) evenly over its tiles.
 template <int NR>
 void panel_rows(const float* xp, int64_t m, const float* panel, int64_t steps, __m512* partials, float* y,
-                int64_t ldy) {
+                int64_t ldy, WeightSpan ahead) {
   const int64_t blocks = (steps + kBlockSteps - 1) / kBlockSteps;
+  PrefetchEvenly prefetch(ahead.data, ahead.bytes, blocks * tile_count(m));
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t s0 = steps * b / blocks, s1 = steps * (b + 1) / blocks;
     for (int64_t t = 0; t < tile_count(m); ++t) {
+      prefetch.step();
       const int64_t i0 = tile_start(m, t);
       kPanelTiles<NR>[tile_start(m, t + 1) - i0](xp + i0 * steps * 16, panel, s0, s1, b == 0, b + 1 == blocks,
                                                  partials + t * kTileRows * kPanelRows, y + i0 * ldy, ldy);
@@ -126,12 +130,16 @@ void panel_rows(const float* xp, int64_t m, const float* panel, int64_t steps, _
 
 // y[i, n] for i < m, n in [n0, n1) over weights of k columns that `pack_panel(j, rows, panel)` decodes:
 // weight rows [j, j + rows) (rows ≤ kPanelRows) as f32 into the panel's rows 0..rows-1 (row r's step s at
-// panel + (s · kPanelRows + r) · 16, zeros past k; rows past `rows` are never read). The packer may prefetch
-// the rows after its own; it runs once per panel and chunk of kChunkRows x rows.
+// panel + (s · kPanelRows + r) · 16, zeros past k; rows past `rows` are never read). It runs once per panel
+// and chunk of kChunkRows x rows. A packer whose rows are one span of memory names it (`pack_panel.span(j,
+// rows)`, a WeightSpan), and the tiles over the panel before prefetch it evenly; a packer without `span` may
+// prefetch the rows after its own while it decodes (the quantized ones: their decoding is long enough to
+// spread its prefetches).
 template <class PackPanel>
 void linear_panels(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t n0, int64_t n1, float* y,
                    int64_t ldy, PackPanel&& pack_panel) {
-  using PanelRowsFn = void (*)(const float*, int64_t, const float*, int64_t, __m512*, float*, int64_t);
+  using PanelRowsFn =
+      void (*)(const float*, int64_t, const float*, int64_t, __m512*, float*, int64_t, WeightSpan);
   constexpr PanelRowsFn kPanelRowsByCount[kPanelRows + 1] = {nullptr, panel_rows<1>, panel_rows<2>,
                                                              panel_rows<3>, panel_rows<4>};
   const int64_t steps = (k + 15) / 16;
@@ -146,7 +154,8 @@ void linear_panels(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t n0
     for (int64_t j = n0; j < n1; j += kPanelRows) {
       const int count = static_cast<int>(std::min<int64_t>(kPanelRows, n1 - j));
       pack_panel(j, count, panel);
-      kPanelRowsByCount[count](xp, rows, panel, steps, partials, y + c0 * ldy + j, ldy);
+      const WeightSpan ahead = next_panel_span(pack_panel, j, kPanelRows, n0, n1, c0 + kChunkRows < m);
+      kPanelRowsByCount[count](xp, rows, panel, steps, partials, y + c0 * ldy + j, ldy, ahead);
     }
   }
 }

@@ -1,6 +1,7 @@
-// The decode kernels' software prefetch of the weight rows ahead: each register-tile step asks for its own
-// slice of the next rows, so the whole slice arrives in L2 by the tile's last step (the hardware prefetchers
-// stop at 4 KiB pages).
+// The linear kernels' software prefetch of the weight rows ahead into L2 (the hardware prefetchers stop at 4
+// KiB pages): in decode each register-tile step asks for its own slice of the next rows, so the whole slice
+// arrives by the tile's last step; where several tiles share the rows (batched decode, prefill panels), the
+// next rows' lines are spread evenly over all of them.
 #pragma once
 #include <immintrin.h>
 
@@ -31,5 +32,24 @@ class PrefetchEvenly {
   const char* next_;
   int64_t lines_, steps_, owed_ = 0;
 };
+
+// Bytes of weights in memory, for a prefetch.
+struct WeightSpan {
+  const char* data = nullptr;
+  int64_t bytes = 0;
+};
+
+// For the panel GEMMs (linear_panels_*.hpp), which walk columns [n0, n1) in panels of `rows` weight rows,
+// once per chunk of x rows: the weights of the panel after the one at j (after the last, the next chunk's
+// first when there is one), where the packer names its rows' span (`pack.span(j, rows)`); none otherwise.
+template <class Packer>
+WeightSpan next_panel_span(const Packer& pack, int64_t j, int64_t rows, int64_t n0, int64_t n1,
+                           bool another_chunk) {
+  if constexpr (requires { pack.span(j, 1); }) {
+    const int64_t next = j + rows < n1 ? j + rows : (another_chunk ? n0 : n1);
+    if (next < n1) return pack.span(next, static_cast<int>(std::min(rows, n1 - next)));
+  }
+  return {};
+}
 
 }  // namespace xmoe::kernels
