@@ -710,7 +710,8 @@ void stream_rows(const Rows& w, const LinearArgs& a) {
 
 // Many rows (prefill, batches of 4 or more): panels::linear_panels, the BF16 path's panel GEMM, over panels
 // of weight rows dequantised here once per panel to the reference's f32 values, by the decode path's
-// decoders (Fp8Decoder, Fp4Decoder) where they apply.
+// decoders (Fp8Decoder, Fp4Decoder) where they apply. Each packer names its rows' codes (`span`), which the
+// tiles over the panel before prefetch.
 
 // FP8: the integer decode (Fp8Decoder) where quant::fp8_integer_decode_exact; a panel in which that met a NaN
 // code is decoded again by the exact conversion (Fp8Rows::load), which every panel takes otherwise.
@@ -718,6 +719,9 @@ struct Fp8PanelPacker {
   const Fp8Rows& w;
   int64_t k;
   bool integer_decode;
+  WeightSpan span(int64_t j, int rows) const {
+    return {reinterpret_cast<const char*>(w.data + j * w.row_bytes), rows * w.row_bytes};
+  }
   void operator()(int64_t j, int rows, float* panel) const {
     if (integer_decode) {
       Fp8Decoder::Guard guard;
@@ -756,6 +760,9 @@ struct Fp4PanelPacker {
   const Fp4Decoder& dec;
   const Fp4Rows& w;
   int64_t k;
+  WeightSpan span(int64_t j, int rows) const {
+    return {reinterpret_cast<const char*>(w.data + j * w.row_bytes), rows * w.row_bytes};
+  }
   void operator()(int64_t j, int rows, float* panel) const {
     Fp4Decoder::Guard guard;
     for (int r = 0; r < rows; ++r) {

@@ -453,16 +453,20 @@ void fp4_decode(const Fp4Decoder& dec, const LinearArgs& a) {
 
 // Many rows (prefill, batches past the kSliceRows limits below): panels::linear_panels, the BF16 path's panel
 // GEMM, over panels of weight rows dequantised here, once per panel and chunk of x rows, to the reference's
-// f32 values. While it decodes a row, each packer prefetches the row a panel further on at the same column
-// into L2.
+// f32 values. Each packer names its rows' codes (`span`), which the tiles over the panel before prefetch
+// evenly (a row a panel further on, asked for while decoding, came in bursts that held the L1 fill buffers
+// the decoding's own loads needed); the scales are a small share, left to the hardware.
 constexpr int64_t kPanelRows = panels::kPanelRows;
 
 // FP8: by the decode path's integer decoder where the scales allow it (Fp8Decoder); a panel in which that met
 // a NaN code is decoded again by the exact conversion (Fp8Rows::load), which every panel takes otherwise.
 struct Fp8PanelPacker {
   const Fp8Rows& w;
-  int64_t k, n1;
+  int64_t k;
   bool integer_decode;
+  WeightSpan span(int64_t j, int rows) const {
+    return {reinterpret_cast<const char*>(w.data + j * w.row_bytes), rows * w.row_bytes};
+  }
   void operator()(int64_t j, int rows, float* panel) const {
     if (integer_decode && pack_integer(j, rows, panel)) return;
     for (int r = 0; r < rows; ++r) {
@@ -481,21 +485,17 @@ struct Fp8PanelPacker {
     for (int r = 0; r < rows; ++r) {
       const int64_t n = j + r, base = w.scales.row_base(n);
       const uint8_t* row = w.data + n * w.row_bytes;
-      const char* ahead =
-          n + kPanelRows < n1 ? reinterpret_cast<const char*>(row + kPanelRows * w.row_bytes) : nullptr;
       const auto block = [&](int64_t s) {
         return Fp8Decoder::block(w.scales.get(base + s / steps_per_block));
       };
       int64_t p = 0;
       for (; p < pair_end; p += 32) {
-        if (ahead != nullptr && p % 64 == 0) _mm_prefetch(ahead + p, _MM_HINT_T1);
         __m512 lo, hi;
         Fp8Decoder::decode32(row, p, block(p / 16), guard, lo, hi);
         _mm512_store_ps(panel + (p / 16 * kPanelRows + r) * 16, lo);
         _mm512_store_ps(panel + ((p / 16 + 1) * kPanelRows + r) * 16, hi);
       }
       for (; p < k; p += 16) {
-        if (ahead != nullptr && p % 64 == 0) _mm_prefetch(ahead + p, _MM_HINT_T1);
         const __mmask16 mask = tail_mask(k - p);
         _mm512_store_ps(panel + (p / 16 * kPanelRows + r) * 16,
                         mask == 0xffff ? Fp8Decoder::decode(row, p, block(p / 16), guard)
@@ -511,7 +511,9 @@ template <int BC>
 struct Fp4PanelPacker {
   const Fp4Decoder& dec;
   const PackedWeight& w;
-  int64_t n1;
+  WeightSpan span(int64_t j, int rows) const {
+    return {reinterpret_cast<const char*>(w.data) + j * w.row_bytes, rows * w.row_bytes};
+  }
   void operator()(int64_t j, int rows, float* panel) const {
     const auto* data = reinterpret_cast<const uint8_t*>(w.data);
     const auto* codes = reinterpret_cast<const uint8_t*>(w.scales);
@@ -520,10 +522,7 @@ struct Fp4PanelPacker {
       const int64_t n = j + r;
       const uint8_t* row = data + n * w.row_bytes;
       const uint8_t* code = codes + n * w.scale_row_stride;
-      const char* ahead =
-          n + kPanelRows < n1 ? reinterpret_cast<const char*>(row + kPanelRows * w.row_bytes) : nullptr;
       for (int64_t p = 0; p < w.cols; p += BC) {
-        if (ahead != nullptr && p % 128 == 0) _mm_prefetch(ahead + p / 2, _MM_HINT_T1);
         const Fp4Decoder::Block b = dec.block_of_code(code[p / BC]);
 #pragma GCC unroll 2
         for (int q = 0; q < BC; q += 16)
@@ -601,13 +600,13 @@ void linear(const LinearArgs& a, WeightFormat format) {
     const Fp4Decoder dec(w.scales);
     if (format == WeightFormat::mxfp4)
       return panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
-                                   Fp4PanelPacker<32>{dec, *a.w, a.n1});
+                                   Fp4PanelPacker<32>{dec, *a.w});
     return panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
-                                 Fp4PanelPacker<16>{dec, *a.w, a.n1});
+                                 Fp4PanelPacker<16>{dec, *a.w});
   } else {
     const bool integer_decode = quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1);
     panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
-                          Fp8PanelPacker{w, a.w->cols, a.n1, integer_decode});
+                          Fp8PanelPacker{w, a.w->cols, integer_decode});
   }
 }
 
