@@ -87,13 +87,17 @@ inline void tile(const uint16_t* xt, const bf16* w, int64_t ldw, int64_t k, floa
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
   const int64_t steps = (k + 31) / 32;
-  // Whole lines of `next` per step: a group's NR rows when one tile prefetches all of them, else enough to
-  // cover this tile's share by its last step.
-  const int64_t step_bytes = Share ? (next_bytes + steps * 64 - 1) / (steps * 64) * 64 : NR * 64;
+  // A group's NR rows a step when one tile prefetches all of them, else this tile's share evenly over its
+  // steps.
+  constexpr int64_t kStepBytes = NR * 64;
+  PrefetchEvenly ahead(next, next_bytes, steps);
   for (int64_t s = 0; s < steps; ++s) {
     const int64_t p = s * 32;
     const __mmask32 mask = step_mask(k, p);
-    if (next_bytes > 0) prefetch_slice(next, s * step_bytes, step_bytes, next_bytes);
+    if constexpr (Share)
+      ahead.step();
+    else if (next_bytes > 0)
+      prefetch_slice(next, s * kStepBytes, kStepBytes, next_bytes);
     __m512bh wv[NR];
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + j * ldw + p);
