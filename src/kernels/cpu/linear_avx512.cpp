@@ -167,8 +167,9 @@ constexpr int kFewCols = 6;  // 4 × 6 accumulators + 6 weights + 1 x of the 32 
 constexpr int64_t kFewRowsMax = 16;
 
 // y[i, j] for the MR x rows of one packed tile (xt: [step][MR][16]) and NR weight rows read in place;
-// prefetches `next_bytes` of `next` into L2 spread over the steps.
-template <int MR, int NR, class W>
+// prefetches `next_bytes` of `next` into L2 over the steps: NR rows' step a step, the rate it reads its own
+// rows, when it is the group's only tile, else evenly (as the BF16 pair kernel's tiles).
+template <int MR, int NR, class W, bool Evenly>
 void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int64_t ldy, const char* next,
               int64_t next_bytes) {
   __m512 acc[MR][NR];
@@ -187,10 +188,14 @@ void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
     }
   };
+  PrefetchEvenly ahead(next, next_bytes, steps);
   for (int64_t s = 0; s < steps; ++s) {
     const int64_t p = s * 16;
     const __mmask16 mask = k - p >= 16 ? __mmask16(0xffff) : __mmask16((1u << (k - p)) - 1);
-    if (next_bytes > 0) prefetch_slice(next, s * kStepBytes, kStepBytes, next_bytes);
+    if constexpr (Evenly)
+      ahead.step();
+    else if (next_bytes > 0)
+      prefetch_slice(next, s * kStepBytes, kStepBytes, next_bytes);
     __m512 wv[NR];
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) wv[j] = load_w(w + j * ldw + p, mask);
@@ -199,19 +204,28 @@ void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int
   lane_tree::store_sums<MR, NR>(acc, y, ldy);
 }
 
-// Weight rows [j, j + NR) over every packed x tile (tiles of at most TR rows).
+// Weight rows [j, j + NR) over every packed x tile (tiles of at most TR rows), each tile prefetching an
+// equal share of `next` evenly. The first tile prefetching all of it at its own read rate held the L1 fill
+// buffers the tiles' x loads from L2 wait on: one thread, f32 weights, k = 2048 and 768 (`xmoe linear-bench
+// --threads 1 --clock thread --isa avx512 --rows 4,8,16`, alternated builds) 8 rows 42-45 → 48-52 GFLOP/s,
+// 16 rows 60-67 → 70-82, 4 rows (one tile) level.
 template <int NR, int TR, class W>
 void few_rows_group(const float* xp, int64_t m, int64_t steps, const W* w, int64_t ldw, int64_t k, float* y,
                     int64_t ldy, const char* next, int64_t next_bytes) {
   using TileFn = void (*)(const float*, const W*, int64_t, int64_t, float*, int64_t, const char*, int64_t);
-  constexpr auto kTiles = []<int... R>(std::integer_sequence<int, R...>) {
-    return std::array<TileFn, TR + 1>{nullptr, few_tile<R + 1, NR, W>...};
-  }
-  (std::make_integer_sequence<int, TR>{});
-  for (int64_t t = 0; t < tile_count(m, TR); ++t) {
+  constexpr auto kTiles = []<bool Evenly, int... R>(std::integer_sequence<int, R...>) {
+    return std::array<TileFn, TR + 1>{nullptr, few_tile<R + 1, NR, W, Evenly>...};
+  };
+  constexpr auto kOnlyTile = kTiles.template operator()<false>(std::make_integer_sequence<int, TR>{});
+  constexpr auto kSharingTiles = kTiles.template operator()<true>(std::make_integer_sequence<int, TR>{});
+  const int64_t tiles = tile_count(m, TR);
+  if (tiles == 1) return kOnlyTile[m](xp, w, ldw, k, y, ldy, next, next_bytes);
+  const int64_t share = (next_bytes + tiles - 1) / tiles;
+  for (int64_t t = 0; t < tiles; ++t) {
     const int64_t i0 = tile_start(m, t, TR);
-    kTiles[tile_start(m, t + 1, TR) - i0](xp + i0 * steps * 16, w, ldw, k, y + i0 * ldy, ldy,
-                                          t == 0 ? next : nullptr, t == 0 ? next_bytes : 0);
+    const int64_t at = t * share, bytes = std::clamp<int64_t>(next_bytes - at, 0, share);
+    kSharingTiles[tile_start(m, t + 1, TR) - i0](xp + i0 * steps * 16, w, ldw, k, y + i0 * ldy, ldy,
+                                                 bytes > 0 ? next + at : nullptr, bytes);
   }
 }
 
