@@ -163,13 +163,13 @@ void group(const float* xp, int64_t m, int64_t steps, const uint16_t* w, int64_t
   constexpr auto kOnlyTile = kTiles.template operator()<false>(std::make_integer_sequence<int, kTileRows>{});
   constexpr auto kSharingTiles =
       kTiles.template operator()<true>(std::make_integer_sequence<int, kTileRows>{});
-  if (tile_count(m) == 1) return kOnlyTile[m](xp, w, ldw, k, y, ldy, next, next_bytes);
+  const auto& tiles = tile_count(m) == 1 ? kOnlyTile : kSharingTiles;
   const int64_t share = (next_bytes + tile_count(m) - 1) / tile_count(m);
   for (int64_t t = 0; t < tile_count(m); ++t) {
     const int64_t i0 = tile_start(m, t);
     const int64_t at = t * share, bytes = std::clamp<int64_t>(next_bytes - at, 0, share);
-    kSharingTiles[tile_start(m, t + 1) - i0](xp + i0 * steps * 16, w, ldw, k, y + i0 * ldy, ldy,
-                                             bytes > 0 ? next + at : nullptr, bytes);
+    tiles[tile_start(m, t + 1) - i0](xp + i0 * steps * 16, w, ldw, k, y + i0 * ldy, ldy,
+                                     bytes > 0 ? next + at : nullptr, bytes);
   }
 }
 
