@@ -141,7 +141,7 @@ struct RowPanelPacker {
     }
   }
   WeightSpan span(int64_t j, int rows) const {
-    return {reinterpret_cast<const char*>(w + j * ldw), ((rows - 1) * ldw + k) * int64_t(sizeof(W))};
+    return rows_span(w, ldw * int64_t(sizeof(W)), k * int64_t(sizeof(W)), j, rows);
   }
 };
 

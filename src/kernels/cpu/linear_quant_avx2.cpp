@@ -719,9 +719,7 @@ struct Fp8PanelPacker {
   const Fp8Rows& w;
   int64_t k;
   bool integer_decode;
-  WeightSpan span(int64_t j, int rows) const {
-    return {reinterpret_cast<const char*>(w.data + j * w.row_bytes), rows * w.row_bytes};
-  }
+  WeightSpan span(int64_t j, int rows) const { return rows_span(w.data, w.row_bytes, w.row_bytes, j, rows); }
   void operator()(int64_t j, int rows, float* panel) const {
     if (integer_decode) {
       Fp8Decoder::Guard guard;
@@ -760,9 +758,7 @@ struct Fp4PanelPacker {
   const Fp4Decoder& dec;
   const Fp4Rows& w;
   int64_t k;
-  WeightSpan span(int64_t j, int rows) const {
-    return {reinterpret_cast<const char*>(w.data + j * w.row_bytes), rows * w.row_bytes};
-  }
+  WeightSpan span(int64_t j, int rows) const { return rows_span(w.data, w.row_bytes, w.row_bytes, j, rows); }
   void operator()(int64_t j, int rows, float* panel) const {
     Fp4Decoder::Guard guard;
     for (int r = 0; r < rows; ++r) {

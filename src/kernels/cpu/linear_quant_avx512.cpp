@@ -464,9 +464,7 @@ struct Fp8PanelPacker {
   const Fp8Rows& w;
   int64_t k;
   bool integer_decode;
-  WeightSpan span(int64_t j, int rows) const {
-    return {reinterpret_cast<const char*>(w.data + j * w.row_bytes), rows * w.row_bytes};
-  }
+  WeightSpan span(int64_t j, int rows) const { return rows_span(w.data, w.row_bytes, w.row_bytes, j, rows); }
   void operator()(int64_t j, int rows, float* panel) const {
     if (integer_decode && pack_integer(j, rows, panel)) return;
     for (int r = 0; r < rows; ++r) {
@@ -511,9 +509,7 @@ template <int BC>
 struct Fp4PanelPacker {
   const Fp4Decoder& dec;
   const PackedWeight& w;
-  WeightSpan span(int64_t j, int rows) const {
-    return {reinterpret_cast<const char*>(w.data) + j * w.row_bytes, rows * w.row_bytes};
-  }
+  WeightSpan span(int64_t j, int rows) const { return rows_span(w.data, w.row_bytes, w.row_bytes, j, rows); }
   void operator()(int64_t j, int rows, float* panel) const {
     const auto* data = reinterpret_cast<const uint8_t*>(w.data);
     const auto* codes = reinterpret_cast<const uint8_t*>(w.scales);

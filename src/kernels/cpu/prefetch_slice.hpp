@@ -39,6 +39,12 @@ struct WeightSpan {
   int64_t bytes = 0;
 };
 
+// Weight rows [j, j + rows) of a matrix whose rows start row_bytes apart and hold used_bytes each.
+inline WeightSpan rows_span(const void* data, int64_t row_bytes, int64_t used_bytes, int64_t j,
+                            int64_t rows) {
+  return {static_cast<const char*>(data) + j * row_bytes, (rows - 1) * row_bytes + used_bytes};
+}
+
 // For the panel GEMMs (linear_panels_*.hpp), which walk columns [n0, n1) in panels of `rows` weight rows,
 // once per chunk of x rows: the weights of the panel after the one at j (after the last, the next chunk's
 // first when there is one), where the packer names its rows' span (`pack.span(j, rows)`); none otherwise.
