@@ -132,9 +132,8 @@ void panel_rows(const float* xp, int64_t m, const float* panel, int64_t steps, _
 // weight rows [j, j + rows) (rows ≤ kPanelRows) as f32 into the panel's rows 0..rows-1 (row r's step s at
 // panel + (s · kPanelRows + r) · 16, zeros past k; rows past `rows` are never read). It runs once per panel
 // and chunk of kChunkRows x rows. A packer whose rows are one span of memory names it (`pack_panel.span(j,
-// rows)`, a WeightSpan), and the tiles over the panel before prefetch it evenly; a packer without `span` may
-// prefetch the rows after its own while it decodes (the quantized ones: their decoding is long enough to
-// spread its prefetches).
+// rows)`, a WeightSpan), and the tiles over the panel before prefetch it evenly (every packer here does: a
+// prefetch issued while decoding came as a burst that held the L1 fill buffers the decoding's loads need).
 template <class PackPanel>
 void linear_panels(const float* x, int64_t ldx, int64_t m, int64_t k, int64_t n0, int64_t n1, float* y,
                    int64_t ldy, PackPanel&& pack_panel) {
