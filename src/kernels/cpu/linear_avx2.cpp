@@ -155,8 +155,8 @@ void linear_panels(const float* x, int64_t ldx, int64_t m, const W* w, int64_t l
 
 // Batched decode (4 ≤ m ≤ kFewRowsMax), as the AVX-512 variant's path: weight rows stream once per call in
 // groups of kFewCols, converted in registers, against x rows packed in tiles ([step][row][16], zeros past
-// k) of at most kFewTileRows rows; the tiles of a group prefetch equal shares of the next group into L2,
-// evenly over their steps (a single tile: its own read rate), as the AVX-512 path's: one thread, f32
+// k) of at most kFewTileRows rows (so at least 2); the tiles of a group prefetch equal shares of the next
+// group into L2, evenly over their steps, as the AVX-512 path's: one thread, f32
 // weights, `xmoe linear-bench --threads 1 --clock thread --isa avx2 --rows 4,8,16`, alternated builds, 4 rows
 // 21-23 → 28-31 GFLOP/s, 8 rows 34-40 → 45-53, 16 rows 46-48 → 63-68 (the first tile prefetching all of it
 // at its own read rate held the L1 fill buffers the others' x loads wait on). Same lanes, same order, same
@@ -165,7 +165,7 @@ constexpr int kFewTileRows = 3;  // 3 × 2 outputs × 2 halves = 12 accumulators
 constexpr int kFewCols = 2;
 constexpr int64_t kFewRowsMax = 16;
 
-template <int MR, int NR, class W, bool Evenly>
+template <int MR, int NR, class W>
 void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int64_t ldy, const char* next,
               int64_t next_bytes) {
   __m256 acc[2][MR][NR];
@@ -190,15 +190,11 @@ void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int
       }
     }
   };
-  constexpr int64_t kStepBytes = NR * 16 * int64_t(sizeof(W));
   const int64_t full = k / 16;
   const W* ws[NR];
   PrefetchEvenly ahead(next, next_bytes, full);
   for (int64_t s = 0; s < full; ++s) {
-    if constexpr (Evenly)
-      ahead.step();
-    else
-      prefetch_slice(next, s * kStepBytes, kStepBytes, next_bytes);
+    ahead.step();
     for (int j = 0; j < NR; ++j) ws[j] = w + j * ldw + s * 16;
     step(xt + s * MR * 16, ws);
   }
@@ -219,18 +215,14 @@ template <int NR, class W>
 void few_rows_group(const float* xp, int64_t m, int64_t steps, const W* w, int64_t ldw, int64_t k, float* y,
                     int64_t ldy, const char* next, int64_t next_bytes) {
   using TileFn = void (*)(const float*, const W*, int64_t, int64_t, float*, int64_t, const char*, int64_t);
-  constexpr TileFn kOnlyTile[kFewTileRows + 1] = {nullptr, few_tile<1, NR, W, false>,
-                                                  few_tile<2, NR, W, false>, few_tile<3, NR, W, false>};
-  constexpr TileFn kSharingTiles[kFewTileRows + 1] = {nullptr, few_tile<1, NR, W, true>,
-                                                      few_tile<2, NR, W, true>, few_tile<3, NR, W, true>};
+  constexpr TileFn kTiles[kFewTileRows + 1] = {nullptr, few_tile<1, NR, W>, few_tile<2, NR, W>,
+                                               few_tile<3, NR, W>};
   const int64_t tiles = (m + kFewTileRows - 1) / kFewTileRows;
-  if (tiles == 1) return kOnlyTile[m](xp, w, ldw, k, y, ldy, next, next_bytes);
   const int64_t share = (next_bytes + tiles - 1) / tiles;
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t i0 = m * t / tiles, rows = m * (t + 1) / tiles - i0;
     const int64_t at = t * share, bytes = std::clamp<int64_t>(next_bytes - at, 0, share);
-    kSharingTiles[rows](xp + i0 * steps * 16, w, ldw, k, y + i0 * ldy, ldy, bytes > 0 ? next + at : nullptr,
-                        bytes);
+    kTiles[rows](xp + i0 * steps * 16, w, ldw, k, y + i0 * ldy, ldy, bytes > 0 ? next + at : nullptr, bytes);
   }
 }
 
