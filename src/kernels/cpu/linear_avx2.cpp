@@ -218,11 +218,10 @@ void few_rows_group(const float* xp, int64_t m, int64_t steps, const W* w, int64
   constexpr TileFn kTiles[kFewTileRows + 1] = {nullptr, few_tile<1, NR, W>, few_tile<2, NR, W>,
                                                few_tile<3, NR, W>};
   const int64_t tiles = (m + kFewTileRows - 1) / kFewTileRows;
-  const int64_t share = (next_bytes + tiles - 1) / tiles;
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t i0 = m * t / tiles, rows = m * (t + 1) / tiles - i0;
-    const int64_t at = t * share, bytes = std::clamp<int64_t>(next_bytes - at, 0, share);
-    kTiles[rows](xp + i0 * steps * 16, w, ldw, k, y + i0 * ldy, ldy, bytes > 0 ? next + at : nullptr, bytes);
+    const WeightSpan ahead = share_of(next, next_bytes, t, tiles);
+    kTiles[rows](xp + i0 * steps * 16, w, ldw, k, y + i0 * ldy, ldy, ahead.data, ahead.bytes);
   }
 }
 

@@ -165,7 +165,7 @@ inline void set_of_rows(const float* xp, int64_t m, int64_t k, const uint16_t* w
       std::memcpy(tail[j], w + j * ldw + full * 16, static_cast<size_t>(k - full * 16) * sizeof(uint16_t));
   }
   const int64_t groups = (rows + kGroupRows - 1) / kGroupRows;
-  const int64_t passes = tile_count(m) * 2 * groups, share = (next_bytes + passes - 1) / passes;
+  const int64_t passes = tile_count(m) * 2 * groups;
   alignas(32) float even[kSetRows / kGroupRows][kTileRows * kGroupRows * 8];
   alignas(32) float odd[kTileRows * kGroupRows * 8];
   for (int64_t t = 0; t < tile_count(m); ++t) {
@@ -173,11 +173,10 @@ inline void set_of_rows(const float* xp, int64_t m, int64_t k, const uint16_t* w
     for (int parity = 0; parity < 2; ++parity)
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t j0 = g * kGroupRows, nr = std::min<int64_t>(kGroupRows, rows - j0);
-        const int64_t at = ((t * 2 + parity) * groups + g) * share;
-        const int64_t bytes = std::clamp<int64_t>(next_bytes - at, 0, share);
+        const WeightSpan ahead = share_of(next, next_bytes, (t * 2 + parity) * groups + g, passes);
         float* const acc = parity == 0 ? even[g] : odd;
         kTileFns[nr - 1][parity][h](xp + (parity * m + i0) * steps * 8, w + j0 * ldw, ldw, full, steps,
-                                    tail[j0], acc, bytes > 0 ? next + at : nullptr, bytes);
+                                    tail[j0], acc, ahead.data, ahead.bytes);
         if (parity == 1)
           for (int64_t i = 0; i < h; ++i)
             for (int64_t j = 0; j < nr; ++j)

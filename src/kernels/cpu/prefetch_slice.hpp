@@ -39,6 +39,14 @@ struct WeightSpan {
   int64_t bytes = 0;
 };
 
+// Part `part` of `parts` equal parts of [next, next + bytes): what each of the tiles (or passes) that share a
+// group of weight rows prefetches of the next group.
+inline WeightSpan share_of(const char* next, int64_t bytes, int64_t part, int64_t parts) {
+  const int64_t share = (bytes + parts - 1) / parts, at = part * share;
+  const int64_t size = std::clamp<int64_t>(bytes - at, 0, share);
+  return size > 0 ? WeightSpan{next + at, size} : WeightSpan{};
+}
+
 // Weight rows [j, j + rows) of a matrix whose rows start row_bytes apart and hold used_bytes each.
 inline WeightSpan rows_span(const void* data, int64_t row_bytes, int64_t used_bytes, int64_t j,
                             int64_t rows) {
