@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
+# The free disk, first: CI machines have been seen with little of it, and pip's "No space left on device" is
+# then the first failure. pip keeps no wheel cache (the venvs are made once per run), which halves what it
+# writes.
+df -h . | tail -n 1 | awk '{print "disk: " $4 " free of " $2}'
+export PIP_NO_CACHE_DIR=1
 # A compiler cache (unless the caller chose a launcher): `pip install .` below compiles the core library again,
 # and with position-independent code in the optimised tree too its commands are the same, so they are cache
 # hits instead of a third compile of src/.
