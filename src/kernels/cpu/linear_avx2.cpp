@@ -125,19 +125,17 @@ struct RowPanelPacker {
     const int64_t steps = (k + 15) / 16;
     const W* const first = w + j * ldw;
     for (int r = 0; r < kPanelRows; ++r) {
-      float* out = panel + r * 16;
-      for (int64_t s = 0; s < steps; ++s, out += kPanelRows * 16) {
+      for (int64_t s = 0; s < steps; ++s) {
         const int64_t p = s * 16;
         if (r < rows && p + 16 <= k) {
-          _mm256_store_ps(out, load8(first + r * ldw + p));
-          _mm256_store_ps(out + 8, load8(first + r * ldw + p + 8));
+          panels::store_panel_step(panel, steps, s, r, load8(first + r * ldw + p),
+                                   load8(first + r * ldw + p + 8));
         } else {  // the tail, or a missing row: zeros past the end
           W tail[16] = {};
           if (r < rows)
             std::memcpy(static_cast<void*>(tail), first + r * ldw + p,
                         static_cast<size_t>(k - p) * sizeof(W));
-          _mm256_store_ps(out, load8(tail));
-          _mm256_store_ps(out + 8, load8(tail + 8));
+          panels::store_panel_step(panel, steps, s, r, load8(tail), load8(tail + 8));
         }
       }
     }

@@ -739,13 +739,12 @@ struct Fp8PanelPacker {
   template <class Decode>
   void pack(int64_t j, int rows, float* panel, Decode&& decode) const {
     const int steps_per_block = w.scales.steps_per_block();
+    const int64_t steps = (k + 15) / 16;
     for (int r = 0; r < rows; ++r) {
       const int64_t n = j + r, base = w.scales.row_base(n);
       for (int64_t s = 0, p = 0; p < k; ++s, p += 16) {
         const V16 v = decode(n, p, base + s / steps_per_block, TailMask(k - p));
-        float* out = panel + (s * panels::kPanelRows + r) * 16;
-        _mm256_store_ps(out, v.lo);
-        _mm256_store_ps(out + 8, v.hi);
+        panels::store_panel_step(panel, steps, s, r, v.lo, v.hi);
       }
     }
   }
@@ -765,11 +764,11 @@ struct Fp4PanelPacker {
       const int64_t n = j + r, base = w.scales.row_base(n);
       const uint8_t* row = w.data + n * w.row_bytes;
       const int steps_per_block = w.scales.steps_per_block();
+      const int64_t steps = k / 16;
       for (int64_t s = 0, p = 0; p < k; ++s, p += 16) {
         const V16 v = dec.decode(row, p, dec.block_at(w.scales, base + s / steps_per_block), guard);
-        float* out = panel + (s * panels::kPanelRows + r) * 16;
-        _mm256_store_ps(out, _mm256_shuffle_ps(v.lo, v.hi, _MM_SHUFFLE(2, 0, 2, 0)));
-        _mm256_store_ps(out + 8, _mm256_shuffle_ps(v.lo, v.hi, _MM_SHUFFLE(3, 1, 3, 1)));
+        panels::store_panel_step(panel, steps, s, r, _mm256_shuffle_ps(v.lo, v.hi, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm256_shuffle_ps(v.lo, v.hi, _MM_SHUFFLE(3, 1, 3, 1)));
       }
     }
   }
