@@ -163,6 +163,24 @@ constexpr int kFewTileRows = 3;  // 3 × 2 outputs × 2 halves = 12 accumulators
 constexpr int kFewCols = 2;
 constexpr int64_t kFewRowsMax = 16;
 
+// Copies x rows [0, m) into the few-rows tiles' layout: tiles of up to kFewTileRows rows, tile t's rows
+// i0..i1 as [step][row][16] from i0 · steps · 16, zeros past k.
+inline void pack_x_steps(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
+  const int64_t steps = (k + 15) / 16;
+  for (int64_t t = 0; t < panels::tile_count(m, kFewTileRows); ++t) {
+    const int64_t i0 = panels::tile_start(m, t, kFewTileRows),
+                  h = panels::tile_start(m, t + 1, kFewTileRows) - i0;
+    float* tile = out + i0 * steps * 16;
+    for (int64_t i = 0; i < h; ++i)
+      for (int64_t s = 0; s < steps; ++s) {
+        float* dst = tile + (s * h + i) * 16;
+        const int64_t n = std::min<int64_t>(16, k - s * 16);
+        std::memcpy(dst, x + (i0 + i) * ldx + s * 16, static_cast<size_t>(n) * sizeof(float));
+        std::fill(dst + n, dst + 16, 0.0f);
+      }
+  }
+}
+
 template <int MR, int NR, class W>
 void few_tile(const float* xt, const W* w, int64_t ldw, int64_t k, float* y, int64_t ldy, const char* next,
               int64_t next_bytes) {
@@ -226,12 +244,11 @@ void few_rows_group(const float* xp, int64_t m, int64_t steps, const W* w, int64
 template <class W>
 void linear_few_rows(const float* x, int64_t ldx, int64_t m, const W* w, int64_t ldw, int64_t k, int64_t n0,
                      int64_t n1, float* y, int64_t ldy) {
-  // The x rows in the panel GEMM's tile layout (tiles of kFewTileRows rows, as few_rows_group splits them).
-  static_assert(kFewTileRows == panels::kTileRows);
+  // The x rows in tiles of kFewTileRows rows, as few_rows_group splits them.
   const int64_t steps = (k + 15) / 16;
   Buffer<float> x_buffer;
   float* const xp = x_buffer.ensure(static_cast<size_t>(m * steps * 16));
-  panels::pack_x(x, ldx, m, k, xp);
+  pack_x_steps(x, ldx, m, k, xp);
   const auto row_ptr = [&](int64_t j) { return reinterpret_cast<const char*>(w + j * ldw); };
   const auto bytes_of_rows = [&](int64_t a, int64_t b) { return (b - a) * ldw * int64_t(sizeof(W)); };
   int64_t j = n0;

@@ -29,9 +29,6 @@ namespace xmoe::kernels::avx2::panels {
 
 constexpr int kPanelRows = 3;
 constexpr int kPanelTileRows = 4;  // 4 × 3 outputs = 12 accumulators + 3 weights + 1 x of 16 registers
-// The batched-decode tiles over x rows in the 16-lane step layout (pack_x; linear_avx2.cpp's few-rows path,
-// the BF16 pair kernel): 3 × 2 outputs × 2 halves = 12 accumulators + 2 weights + 1 x.
-constexpr int kTileRows = 3;
 // x rows per pass over the weights: their packed copy (192 KiB at k = 1024, 384 KiB at 2048) stays in a Zen 3
 // core's 512 KiB L2 while the panels go by.
 constexpr int64_t kChunkRows = 48;
@@ -57,36 +54,19 @@ inline void store_reduced(const __m256 (&acc)[2][MR][NR], float* y, int64_t ldy)
 
 // How m rows split into tiles of at most `most` rows, of nearly equal heights: tile t covers rows
 // [tile_start(m, t), tile_start(m, t + 1)).
-inline int64_t tile_count(int64_t m, int64_t most = kTileRows) {
+inline int64_t tile_count(int64_t m, int64_t most = kPanelTileRows) {
   return (m + most - 1) / most;
 }
-inline int64_t tile_start(int64_t m, int64_t t, int64_t most = kTileRows) {
+inline int64_t tile_start(int64_t m, int64_t t, int64_t most = kPanelTileRows) {
   return m * t / tile_count(m, most);
 }
 
-// Copies x rows [0, m) into tile layout: tile t's rows i0..i1 as [step][row][16] from i0 · steps · 16,
-// zeros past k.
-inline void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
+// The panel GEMM's copy of x rows [0, m): tiles of up to kPanelTileRows rows (tile_start), tile t's rows
+// i0..i0+h-1 from i0 · steps · 16 as [half][step][row][8], zeros past k.
+inline void pack_x_halves(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
   const int64_t steps = (k + 15) / 16;
   for (int64_t t = 0; t < tile_count(m); ++t) {
     const int64_t i0 = tile_start(m, t), h = tile_start(m, t + 1) - i0;
-    float* tile = out + i0 * steps * 16;
-    for (int64_t i = 0; i < h; ++i)
-      for (int64_t s = 0; s < steps; ++s) {
-        float* dst = tile + (s * h + i) * 16;
-        const int64_t n = std::min<int64_t>(16, k - s * 16);
-        std::memcpy(dst, x + (i0 + i) * ldx + s * 16, static_cast<size_t>(n) * sizeof(float));
-        std::fill(dst + n, dst + 16, 0.0f);
-      }
-  }
-}
-
-// The panel GEMM's copy of x rows [0, m): tiles of up to kPanelTileRows rows (tile_start(m, t,
-// kPanelTileRows)), tile t's rows i0..i0+h-1 from i0 · steps · 16 as [half][step][row][8], zeros past k.
-inline void pack_x_halves(const float* x, int64_t ldx, int64_t m, int64_t k, float* out) {
-  const int64_t steps = (k + 15) / 16;
-  for (int64_t t = 0; t < tile_count(m, kPanelTileRows); ++t) {
-    const int64_t i0 = tile_start(m, t, kPanelTileRows), h = tile_start(m, t + 1, kPanelTileRows) - i0;
     float* tile = out + i0 * steps * 16;
     for (int64_t i = 0; i < h; ++i)
       for (int64_t s = 0; s < steps; ++s) {
@@ -151,11 +131,11 @@ inline void panel_rows(const float* xp, int64_t m, const float* panel, int count
                        int64_t ldy, WeightSpan ahead) {
   constexpr PanelTileFn const* kByRows[kPanelRows + 1] = {nullptr, kPanelTiles<1>, kPanelTiles<2>,
                                                           kPanelTiles<3>};
-  const int64_t tiles = tile_count(m, kPanelTileRows);
+  const int64_t tiles = tile_count(m);
   PrefetchEvenly prefetch(ahead.data, ahead.bytes, tiles);
   for (int64_t t = 0; t < tiles; ++t) {
     prefetch.step();
-    const int64_t i0 = tile_start(m, t, kPanelTileRows), h = tile_start(m, t + 1, kPanelTileRows) - i0;
+    const int64_t i0 = tile_start(m, t), h = tile_start(m, t + 1) - i0;
     kByRows[count][h](xp + i0 * steps * 16, panel, steps, y + i0 * ldy, ldy);
   }
 }
