@@ -17,7 +17,8 @@
 #   tools/bench_compute.sh [build/xmoe]     env: MODEL (made with `xmoe init-model` if missing), THREADS=2,
 #                                           REPS=3, DECODE_TOKENS=32, SKIP_LAYER=1 to leave out `xmoe bench`,
 #                                           PRECISION=highest, BASELINE, PROFILE, BATCHES, SKIP_PREFILL,
-#                                           ISA (cap the kernel level, e.g. avx2: an AVX2-only CPU's kernels)
+#                                           ISA (cap the kernel level, e.g. avx2: an AVX2-only CPU's kernels;
+#                                           the training layer's too)
 set -euo pipefail
 XMOE=${1:-build/xmoe}
 MODEL=${MODEL:-/tmp/xmoe-qwen3-30b-a3b-8layers}
@@ -106,8 +107,8 @@ done
 
 if [ "${SKIP_LAYER:-0}" != 1 ]; then
   for dtype in float32 bfloat16; do
-    echo "== training layer: xmoe bench (Tutel helloworld defaults), $dtype, $THREADS threads"
-    "$XMOE" bench --threads "$THREADS" --dtype "$dtype" 2>&1 | grep -E "Summary|Experts|FMA peak"
+    echo "== training layer: xmoe bench (Tutel helloworld defaults), $dtype, $THREADS threads${ISA:+, kernel level $ISA}"
+    "$XMOE" bench --threads "$THREADS" --dtype "$dtype" ${ISA:+--isa "$ISA"} 2>&1 | grep -E "Summary|Experts|FMA peak"
     echo "  load $(cut -d' ' -f1-3 /proc/loadavg)"
   done
 fi
