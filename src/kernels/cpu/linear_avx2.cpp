@@ -124,17 +124,15 @@ struct RowPanelPacker {
   void operator()(int64_t j, int rows, float* panel) const {
     const int64_t steps = (k + 15) / 16;
     const W* const first = w + j * ldw;
-    for (int r = 0; r < kPanelRows; ++r) {
+    for (int r = 0; r < rows; ++r) {  // rows past `rows` are never read
       for (int64_t s = 0; s < steps; ++s) {
         const int64_t p = s * 16;
-        if (r < rows && p + 16 <= k) {
+        if (p + 16 <= k) {
           panels::store_panel_step(panel, steps, s, r, load8(first + r * ldw + p),
                                    load8(first + r * ldw + p + 8));
-        } else {  // the tail, or a missing row: zeros past the end
+        } else {  // the tail: zeros past the end
           W tail[16] = {};
-          if (r < rows)
-            std::memcpy(static_cast<void*>(tail), first + r * ldw + p,
-                        static_cast<size_t>(k - p) * sizeof(W));
+          std::memcpy(static_cast<void*>(tail), first + r * ldw + p, static_cast<size_t>(k - p) * sizeof(W));
           panels::store_panel_step(panel, steps, s, r, load8(tail), load8(tail + 8));
         }
       }

@@ -86,17 +86,16 @@ inline void store_panel_step(float* panel, int64_t steps, int64_t s, int r, __m2
 }
 
 // y[i, j] for the MR rows of one packed x tile and the panel's first NR (≤ kPanelRows) rows: lanes 0-7 over
-// every step, then lanes 8-15 (their accumulators kept aside meanwhile), then the fixed reduction.
+// every step, then lanes 8-15, then the fixed reduction.
 template <int MR, int NR>
 void panel_tile(const float* xt, const float* panel, int64_t steps, float* y, int64_t ldy) {
   __m256 acc[2][MR][NR];
 #pragma GCC unroll 2
   for (int h = 0; h < 2; ++h) {
-    __m256 part[MR][NR];
 #pragma GCC unroll 4
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-      for (int j = 0; j < NR; ++j) part[i][j] = _mm256_setzero_ps();
+      for (int j = 0; j < NR; ++j) acc[h][i][j] = _mm256_setzero_ps();
     const float* pw = panel + h * steps * kPanelRows * 8;
     const float* px = xt + h * steps * MR * 8;
     for (int64_t s = 0; s < steps; ++s, pw += kPanelRows * 8, px += MR * 8) {
@@ -108,13 +107,9 @@ void panel_tile(const float* xt, const float* panel, int64_t steps, float* y, in
         __m256 xv = _mm256_load_ps(px + i * 8);
         asm("" : "+x"(xv));  // one load per x vector: GCC would fold it into each of the NR FMAs
 #pragma GCC unroll 4
-        for (int j = 0; j < NR; ++j) part[i][j] = _mm256_fmadd_ps(xv, wv[j], part[i][j]);
+        for (int j = 0; j < NR; ++j) acc[h][i][j] = _mm256_fmadd_ps(xv, wv[j], acc[h][i][j]);
       }
     }
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-      for (int j = 0; j < NR; ++j) acc[h][i][j] = part[i][j];
   }
   store_reduced<MR, NR>(acc, y, ldy);
 }
