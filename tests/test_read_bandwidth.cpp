@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -30,6 +31,28 @@ TEST(ReadBandwidth, RateIsBytesPerPassTime) {
 TEST(ReadBandwidth, RejectsSmallBuffersAndNoPasses) {
   EXPECT_THROW(kernels::measure_read_bandwidth_gbs(size_t{1} << 20, 1), Error);
   EXPECT_THROW(kernels::measure_read_bandwidth_gbs(size_t{64} << 20, 0), Error);
+}
+
+TEST(ReadBandwidth, ProbeBetweenStepsRateIsBytesPerPassTime) {
+  // Each measure() is two passes over the probe's buffer; the faster fits inside the call.
+  const size_t bytes = size_t{64} << 20;
+  kernels::ReadProbe probe(bytes);
+  EXPECT_EQ(probe.bytes(), bytes);
+  for (int i = 0; i < 2; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double gbs = probe.measure();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_TRUE(std::isfinite(gbs));
+    EXPECT_GE(gbs, static_cast<double>(bytes) / s / 1e9);
+    EXPECT_LT(gbs, 10000.0);
+  }
+  try {
+    kernels::ReadProbe small(size_t{1} << 20);
+    ADD_FAILURE() << "a 1 MiB probe was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ReadProbe: bytes must be at least 64 MiB"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(ReadBandwidth, CallersMemoryRateIsBytesPerPassTime) {

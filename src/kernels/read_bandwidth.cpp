@@ -44,29 +44,43 @@ uint64_t read_slice(const uint64_t* p, size_t n, size_t ahead) {
   return s;
 }
 
-// The higher of two medians of `passes` timed passes each (after a warm-up pass) over n words at p, each of
-// the OpenMP threads reading its own contiguous slice: one read loop without and one with the software
-// prefetch, alternated pass by pass so that a drift of the machine's bandwidth hits both alike.
-double median_pass_rate(const uint64_t* p, size_t n, int passes, bool thread_clock) {
+// One pass of read loop `loop` (0: hardware prefetch alone; 1: a software prefetch a page ahead) over n words
+// at p, each of the OpenMP threads reading its own contiguous slice; seconds on the chosen clock, from when
+// every thread has started (a thread woken on an idle vCPU can take a millisecond or more to start, which a
+// short pass would count as a slow read). sum: what the reads added up, so they are not dead.
+double timed_pass(const uint64_t* p, size_t n, int loop, bool thread_clock, uint64_t& sum) {
   const auto now = [thread_clock] {
     return thread_clock ? cpu_seconds(CLOCK_THREAD_CPUTIME_ID) : wall_seconds();
   };
-  const int threads = omp_get_max_threads();
   constexpr size_t kAhead[2] = {0, 4096 / sizeof(uint64_t)};
+  const int threads = omp_get_max_threads();
+  uint64_t total = 0;
+  double t0 = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+  {
+#pragma omp barrier
+#pragma omp master
+    t0 = now();
+    const size_t t = static_cast<size_t>(omp_get_thread_num()),
+                 nt = static_cast<size_t>(omp_get_num_threads());
+    const size_t b = n * t / nt, e = n * (t + 1) / nt;
+    total += read_slice(p + b, e - b, kAhead[loop]);
+  }
+  const double s = now() - t0;
+  sum += total;
+  return s;
+}
+
+// The higher of two medians of `passes` timed passes each (after a warm-up pass) over n words at p: one read
+// loop without and one with the software prefetch, alternated pass by pass so that a drift of the machine's
+// bandwidth hits both alike.
+double median_pass_rate(const uint64_t* p, size_t n, int passes, bool thread_clock) {
   std::vector<double> rates[2];
   volatile uint64_t sink = 0;
   for (int pass = 0; pass <= passes; ++pass) {
     for (int loop = 0; loop < 2; ++loop) {
       uint64_t total = 0;
-      const double t0 = now();
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-      {
-        const size_t t = static_cast<size_t>(omp_get_thread_num()),
-                     nt = static_cast<size_t>(omp_get_num_threads());
-        const size_t b = n * t / nt, e = n * (t + 1) / nt;
-        total += read_slice(p + b, e - b, kAhead[loop]);
-      }
-      const double s = now() - t0;
+      const double s = timed_pass(p, n, loop, thread_clock, total);
       sink = sink + total;
       if (pass > 0) rates[loop].push_back(static_cast<double>(n * sizeof(uint64_t)) / s / 1e9);
     }
@@ -79,10 +93,25 @@ double median_pass_rate(const uint64_t* p, size_t n, int passes, bool thread_clo
   return best;
 }
 
-void check_probe_args(size_t bytes, int passes) {
-  XMOE_CHECK(bytes >= (size_t{64} << 20), "measure_read_bandwidth_gbs: bytes must be at least 64 MiB, got ",
-             bytes);
-  XMOE_CHECK(passes >= 1, "measure_read_bandwidth_gbs: passes must be at least 1, got ", passes);
+// A fresh buffer of `words` in 2 MiB pages (as the checkpoint's weights are read, io/page_cache.hpp: a
+// baseline below what the weights reach would overstate every share of it), first touched by the reading
+// threads so pages sit where (and as) they will be read.
+HugeBuffer touched_buffer(size_t words) {
+  HugeBuffer memory = allocate_huge_buffer(words * sizeof(uint64_t));
+  auto* buf = reinterpret_cast<uint64_t*>(memory.get());
+  const int threads = omp_get_max_threads();
+#pragma omp parallel num_threads(threads)
+  {
+    const size_t t = static_cast<size_t>(omp_get_thread_num()),
+                 nt = static_cast<size_t>(omp_get_num_threads());
+    for (size_t i = words * t / nt; i < words * (t + 1) / nt; ++i) buf[i] = i;
+  }
+  return memory;
+}
+
+void check_probe_args(size_t bytes, int passes, const char* what = "measure_read_bandwidth_gbs") {
+  XMOE_CHECK(bytes >= (size_t{64} << 20), what, ": bytes must be at least 64 MiB, got ", bytes);
+  XMOE_CHECK(passes >= 1, what, ": passes must be at least 1, got ", passes);
 }
 
 }  // namespace
@@ -90,19 +119,26 @@ void check_probe_args(size_t bytes, int passes) {
 double measure_read_bandwidth_gbs(size_t bytes, int passes) {
   check_probe_args(bytes, passes);
   const size_t n = bytes / sizeof(uint64_t);
-  // In 2 MiB pages, as the checkpoint's weights are read (io/page_cache.hpp): a baseline below what the
-  // weights reach would overstate every share of it.
-  const HugeBuffer memory = allocate_huge_buffer(n * sizeof(uint64_t));
-  auto* buf = reinterpret_cast<uint64_t*>(memory.get());
-  const int threads = omp_get_max_threads();
-  // First touch by the reading threads, so pages sit where (and as) they will be read.
-#pragma omp parallel num_threads(threads)
-  {
-    const size_t t = static_cast<size_t>(omp_get_thread_num()),
-                 nt = static_cast<size_t>(omp_get_num_threads());
-    for (size_t i = n * t / nt; i < n * (t + 1) / nt; ++i) buf[i] = i;
+  const HugeBuffer memory = touched_buffer(n);
+  return median_pass_rate(reinterpret_cast<const uint64_t*>(memory.get()), n, passes, false);
+}
+
+ReadProbe::ReadProbe(size_t bytes) : words_(bytes / sizeof(uint64_t)) {
+  check_probe_args(bytes, 1, "ReadProbe");
+  memory_ = touched_buffer(words_);
+}
+
+double ReadProbe::measure() {
+  const auto* p = reinterpret_cast<const uint64_t*>(memory_.get());
+  double best = 0;
+  volatile uint64_t sink = 0;
+  for (int loop = 0; loop < 2; ++loop) {
+    uint64_t total = 0;
+    const double s = timed_pass(p, words_, loop, false, total);
+    sink = sink + total;
+    best = std::max(best, static_cast<double>(words_ * sizeof(uint64_t)) / s / 1e9);
   }
-  return median_pass_rate(buf, n, passes, false);
+  return best;
 }
 
 double measure_read_bandwidth_gbs(const void* data, size_t bytes, int passes, bool thread_clock) {
