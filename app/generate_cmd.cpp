@@ -21,6 +21,8 @@
 #include "process_memory.hpp"
 #include "serve/chat_request.hpp"
 #include "serve/output_parser.hpp"
+#include "step_bandwidth.hpp"
+#include "weight_copies.hpp"
 #include "xmoe/error.hpp"
 #include "xmoe/tokenizer.hpp"
 
@@ -401,9 +403,34 @@ int run_generate(const GenerateOptions& o) {
   const double peak_before = o.measure_bandwidth ? compute_peak(o.isa, precision) : 0.0;
   const double wait_run0 = o.measure_bandwidth ? kernels::process_runqueue_wait_seconds() : 0.0;
   const double steal_run0 = o.measure_bandwidth ? kernels::machine_steal_seconds() : 0.0;
+  // And a short probe between steps, each decode step compared with the probes right beside it (the
+  // bandwidth moves within seconds on a shared host); their time is not the run's.
+  std::optional<kernels::ReadProbe> step_probe;
+  if (o.measure_bandwidth) step_probe.emplace(stream_bytes_beyond_caches(size_t{128} << 20));
+  std::vector<DecodeStepSample> decode_samples;
+  double probe_seconds = 0;
+  const auto timed_probe = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double gbs = step_probe->measure();
+    probe_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return gbs;
+  };
+  double probe_before_step = step_probe ? timed_probe() : 0.0;
   const auto start = std::chrono::steady_clock::now();
-  engine.run_until_idle();
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!step_probe) engine.run_until_idle();
+  while (step_probe) {
+    const llm::EngineStats before = engine.stats();
+    if (!engine.step()) break;
+    const llm::EngineStats& after = engine.stats();
+    const double probe_after_step = timed_probe();
+    if (after.decode_steps > before.decode_steps)
+      decode_samples.push_back({static_cast<double>(after.decode_weight_bytes - before.decode_weight_bytes),
+                                after.decode_seconds - before.decode_seconds,
+                                std::max(probe_before_step, probe_after_step)});
+    probe_before_step = probe_after_step;
+  }
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() - probe_seconds;
   const double wait_run1 = o.measure_bandwidth ? kernels::process_runqueue_wait_seconds() : 0.0;
   const double steal_run1 = o.measure_bandwidth ? kernels::machine_steal_seconds() : 0.0;
 
@@ -537,6 +564,15 @@ int run_generate(const GenerateOptions& o) {
                    "per step); achieved %.1f %% of it",
                    sequences * peak * 1e9 / step_bytes, sequences, peak * 1e9 / step_bytes, step_bytes / 1e6,
                    100.0 * decode_rate / (sequences * peak * 1e9 / step_bytes));
+    const StepBandwidth between = summarize_steps(decode_samples);
+    if (between.steps > 0)
+      std::fprintf(
+          stderr,
+          "\ndecode against a read probe between steps (%d steps; probes %.2f-%.2f GB/s, median %.2f): "
+          "%.1f %% of the roofline at the probes beside each step (per step: median %.1f %%, "
+          "quartiles %.1f-%.1f %%)",
+          between.steps, between.probe_min, between.probe_max, between.probe_median, 100.0 * between.share,
+          100.0 * between.share_median, 100.0 * between.share_low, 100.0 * between.share_high);
     // The compute ceiling: every step bound by its multiply-adds (a token's worth per sequence, from the
     // config) at the register-only peak of the arithmetic the linears run; the lower ceiling binds.
     const double step_flops = sequences * prefill_flops(checkpoint.config(), 1);

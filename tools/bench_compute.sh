@@ -77,8 +77,8 @@ for batch in "${BATCH_SIZES[@]}"; do
   echo "== decode: $batch sequences x $DECODE_TOKENS tokens, 32-token prompts, $THREADS threads, $REPS runs, matmul precision ${PRECISIONS[*]}, binaries ${LABELS[*]}"
   prompts=()
   for s in $(seq 0 $((batch - 1))); do prompts+=(--prompt-ids "$(ids 32 "$s")"); done
-  unset rates shares
-  declare -A rates shares
+  unset rates shares between
+  declare -A rates shares between
   for r in $(seq "$REPS"); do
     for p in "${PRECISIONS[@]}"; do
       for b in "${LABELS[@]}"; do
@@ -91,7 +91,10 @@ for batch in "${BATCH_SIZES[@]}"; do
         ceiling=$(grep "^decode compute ceiling:" <<<"$out")
         rates[$p/$b]+="$(grep -o '= [0-9.]* tokens/s' <<<"$dline" | awk '{print $2}') "
         shares[$p/$b]+="$(grep -o 'achieved [0-9.]*' <<<"$roof" | awk '{print $2}') "
-        echo "  run $r $p $b: $dline; $roof; $ceiling; load $(cut -d' ' -f1-3 /proc/loadavg)"
+        # The roofline again at the read probes run between the steps (the bandwidth moves within seconds).
+        steps=$(grep "^decode against a read probe between steps" <<<"$out")
+        between[$p/$b]+="$(grep -o '[0-9.]* % of the roofline at the probes' <<<"$steps" | awk '{print $1}') "
+        echo "  run $r $p $b: $dline; $roof; $steps; $ceiling; load $(cut -d' ' -f1-3 /proc/loadavg)"
         if [ "${#flags[@]}" -gt 0 ]; then
           sed -n '/^profile: /p; /^profile decode:/,/^  engine overhead/p' <<<"$out" | sed 's/^/    /'
         fi
@@ -100,7 +103,7 @@ for batch in "${BATCH_SIZES[@]}"; do
   done
   for p in "${PRECISIONS[@]}"; do
     for b in "${LABELS[@]}"; do
-      echo "decode batch $batch median ($p, $b): $(tr ' ' '\n' <<<"${rates[$p/$b]}" | grep . | median) tokens/s aggregate = $(tr ' ' '\n' <<<"${shares[$p/$b]}" | grep . | median) % of the roofline"
+      echo "decode batch $batch median ($p, $b): $(tr ' ' '\n' <<<"${rates[$p/$b]}" | grep . | median) tokens/s aggregate = $(tr ' ' '\n' <<<"${shares[$p/$b]}" | grep . | median) % of the roofline ($(tr ' ' '\n' <<<"${between[$p/$b]}" | grep . | median) % at the probes between steps)"
     done
   done
 done

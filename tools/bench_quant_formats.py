@@ -18,6 +18,12 @@ the baseline of the ratios: decode tok/s over the baseline's, the baseline's byt
 and prefill tok/s over the baseline's. Prints the CPU and the load average before and after. Standard library
 only (CI has no virtualenv).
 
+A shared host's read bandwidth moves between levels within seconds (29-33 GB/s, then 44-46, on a 2-vCPU Zen 4
+VM), so probes before and after a run misjudge it, and formats run minutes apart meet different machines.
+generate also probes between decode steps (128 MiB, a few ms each, not timed as decode): each run's share of
+the roofline at the probes beside its steps is in its own column, and the ratio of two formats' such shares
+is their tok/s ratio / bytes ratio with the drift taken out.
+
 --precision medium runs the linears at `--matmul-precision medium` (bf16 products; AVX512-BF16). --variants
 compares builds and precisions in the same run, e.g. `--variants base=/tmp/main/xmoe:highest,highest,medium`
 (NAME=XMOE:PRECISION, XMOE and PRECISION optional): every checkpoint is run by each variant in turn, repeat by
@@ -48,6 +54,9 @@ PATTERNS = {
 }
 # The share of its threads' time the run spent waiting for a CPU (another process on the machine).
 WAIT = r"threads waited for a CPU [\d.]+ ms in the run \(([\d.]+) % of"
+# Decode against the read probe run between its steps (the share of the roofline at those probes, Σ over the
+# steps, and the steps' median share); builds before it print none.
+BETWEEN = r"\): ([\d.]+) % of the roofline at the probes beside each step \(per step: median ([\d.]+) %"
 FORMATS = ("bf16", "fp8-block", "mxfp4", "nvfp4")
 PROFILE_ROW = re.compile(r"^(.+?)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%$")
 PROFILE_PROBE = re.compile(r"read probe: ([\d.]+) GB/s anonymous buffer.*?; ([\d.]+) GB/s over the mapped lm_head")
@@ -102,6 +111,8 @@ def run(xmoe, directory, threads, prompt_len, decode, precision, isa=None):
     # Builds before the run-queue report (the baseline) print none: unknown, not zero.
     m = re.search(WAIT, out)
     row["wait"] = [float(m.group(1)) if m else float("nan")]
+    m = re.search(BETWEEN, out)
+    row["between"] = [float(m.group(1)), float(m.group(2))] if m else [float("nan")] * 2
     return row
 
 
@@ -190,7 +201,7 @@ def main():
                 runs[(spec, v)].append(r)
                 print(f"repeat {rep + 1}/{a.repeats} {fmt} {v[0]}: {r['decode'][0]:.2f} decode tok/s, "
                       f"{r['share'][0]:.1f} % of {r['share'][1]:.2f} GB/s (probed {r['probes'][0]:.2f} before, "
-                      f"{r['probes'][1]:.2f} after), threads waited for a CPU {r['wait'][0]:.1f} % of the run",
+                      f"{r['probes'][1]:.2f} after; {r['between'][0]:.1f} % against the probes between steps), threads waited for a CPU {r['wait'][0]:.1f} % of the run",
                       file=sys.stderr)
     for spec in specs:
         fmt, directory = spec.split("=", 1)
@@ -205,14 +216,20 @@ def main():
           f"{os.environ.get('OMP_WAIT_POLICY', 'passive')}; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
     print(f"| format | weights/token MB | decode tok/s | share of read bandwidth | shares per run % "
-          f"| tok/s ratio | bytes ratio | tok/s ratio / bytes ratio | prefill {a.prompt} tok/s | prefill ratio "
+          f"| share of the probes between steps (per-step median) "
+          f"| tok/s ratio | bytes ratio | tok/s ratio / bytes ratio | the same at the probes between steps "
+          f"| prefill {a.prompt} tok/s | prefill ratio "
           f"| load s | RSS after load GB (anonymous + mapped file) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r, shares in rows:
         tok_ratio = r["decode"][0] / base["decode"][0]
         bytes_ratio = base["mb"][0] / r["mb"][0]
+        # tok/s ratio / bytes ratio is this format's weight GB/s over the baseline's; with each run's GB/s taken
+        # against the probes beside its own steps, it is the ratio of the two shares.
         print(f"| {name} | {r['mb'][0]:.1f} | {r['decode'][0]:.2f} | {r['share'][0]:.1f} % of {r['share'][1]:.1f} GB/s "
-              f"| {shares} | {tok_ratio:.2f} | {bytes_ratio:.2f} | {tok_ratio / bytes_ratio:.2f} | {r['prefill'][0]:.1f} "
+              f"| {shares} | {r['between'][0]:.1f} % ({r['between'][1]:.1f} %) "
+              f"| {tok_ratio:.2f} | {bytes_ratio:.2f} | {tok_ratio / bytes_ratio:.2f} "
+              f"| {r['between'][0] / base['between'][0]:.2f} | {r['prefill'][0]:.1f} "
               f"| {r['prefill'][0] / base['prefill'][0]:.2f} | {r['load'][0]:.2f} "
               f"| {r['load'][2]:.2f} ({r['load'][3]:.2f} + {r['load'][4]:.2f}) |")
 

@@ -108,10 +108,18 @@ TEST(GenerateCli, PrefaultIsReportedAndAnUnknownModeRefused) {
   EXPECT_TRUE(on.output.find("; weights prefaulted: ") != std::string::npos ||
               on.output.find("weights prefaulted only in part") != std::string::npos)
       << on.output;
+  // Its one decode step is also compared with the read probes run beside it, which change nothing decoded.
+  EXPECT_NE(on.output.find("decode against a read probe between steps (1 steps; probes "), std::string::npos)
+      << on.output;
   const auto off = run_cli(base + "off");
   ASSERT_EQ(off.code, 0) << off.output;
   EXPECT_NE(off.output.find("; weights not prefaulted: --prefault off"), std::string::npos) << off.output;
   EXPECT_EQ(generated_ids(on.output), generated_ids(off.output));
+  const std::string unmeasured = base.substr(0, base.find(" --measure-bandwidth"));
+  const auto plain = run_cli(unmeasured);
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  EXPECT_EQ(plain.output.find("read probe between steps"), std::string::npos) << plain.output;
+  EXPECT_EQ(generated_ids(plain.output), generated_ids(on.output));
   const auto bad = run_cli(base + "sometimes");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.output.find("--prefault"), std::string::npos) << bad.output;
