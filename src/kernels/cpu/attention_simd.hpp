@@ -24,19 +24,28 @@ struct SimdOps {
     widen_bf16(src, dst, j, n);
   }
 
-  template <int QV>
+  // K rows kf_ld floats apart: LD when that is a compile-time constant (0: kf_ld), so each row's loads are
+  // one pointer plus a fixed displacement rather than a register per row (8 row pointers spilled to the stack
+  // and were reloaded at every d, a load per FMA on top of the broadcast's).
+  template <int64_t LD>
+  static int64_t row_stride(int64_t kf_ld) {
+    return LD > 0 ? LD : kf_ld;
+  }
+
+  template <int QV, int64_t LD>
   static void qk_block(const float* qt, int64_t mp, int64_t i0, const float* kf, int64_t kf_ld, int dk,
                        float scale, float* s) {
+    const int64_t ld = row_stride<LD>(kf_ld);
     for (int p0 = 0; p0 < kAttentionChunk; p0 += kScoreRows) {
       T acc[kScoreRows][QV];
       for (auto& row : acc)
         for (T& x : row) x = V::zero();
-      const float* k = kf + p0 * kf_ld;
+      const float* k = kf + p0 * ld;
       for (int d = 0; d < dk; ++d) {
         T q[QV];
         for (int v = 0; v < QV; ++v) q[v] = V::load(qt + d * mp + i0 + v * V::kWidth);
         for (int p = 0; p < kScoreRows; ++p) {
-          const T kb = V::set1(k[p * kf_ld + d]);
+          const T kb = V::set1(k[p * ld + d]);
           for (int v = 0; v < QV; ++v) acc[p][v] = V::fma(kb, q[v], acc[p][v]);
         }
       }
@@ -50,34 +59,44 @@ struct SimdOps {
   // vectors: a 512-bit FMA with half its lanes idle costs a full one (two 256-bit halves on Zen 4). Each
   // score is the same FMA chain as in qk_block, so the bits do not change; lanes [V::Half::kWidth, mp) of s
   // are left as they were (no query reads them).
-  template <class H>
+  template <class H, int64_t LD>
   static void qk_half(const float* qt, int64_t mp, const float* kf, int64_t kf_ld, int dk, float scale,
                       float* s) {
-    constexpr int kRows = 8;  // positions per pass: more row pointers than this spill to the stack
+    constexpr int kRows = 8;  // positions per pass
     static_assert(kAttentionChunk % kRows == 0);
+    const int64_t ld = row_stride<LD>(kf_ld);
     for (int p0 = 0; p0 < kAttentionChunk; p0 += kRows) {
       typename H::T acc[kRows];
       for (auto& x : acc) x = H::zero();
-      const float* k = kf + p0 * kf_ld;
+      const float* k = kf + p0 * ld;
       for (int d = 0; d < dk; ++d) {
         const typename H::T q = H::load(qt + d * mp);
-        for (int p = 0; p < kRows; ++p) acc[p] = H::fma(H::set1(k[p * kf_ld + d]), q, acc[p]);
+        for (int p = 0; p < kRows; ++p) acc[p] = H::fma(H::set1(k[p * ld + d]), q, acc[p]);
       }
       for (int p = 0; p < kRows; ++p) H::store(s + (p0 + p) * mp, H::mul(acc[p], H::set1(scale)));
     }
   }
 
-  static void qk(const float* qt, int64_t mp, int64_t queries, int64_t lanes, const float* kf, int64_t kf_ld,
-                 int dk, float scale, float* s) {
+  template <int64_t LD>
+  static void qk_at(const float* qt, int64_t mp, int64_t queries, int64_t lanes, const float* kf,
+                    int64_t kf_ld, int dk, float scale, float* s) {
     if constexpr (requires { typename V::Half; }) {
       if (queries <= V::Half::kWidth) {
-        qk_half<typename V::Half>(qt, mp, kf, kf_ld, dk, scale, s);
+        qk_half<typename V::Half, LD>(qt, mp, kf, kf_ld, dk, scale, s);
         return;
       }
     }
     int64_t i = 0;
-    for (; i + 2 * kLanes <= lanes; i += 2 * kLanes) qk_block<2>(qt, mp, i, kf, kf_ld, dk, scale, s);
-    if (i < lanes) qk_block<1>(qt, mp, i, kf, kf_ld, dk, scale, s);
+    for (; i + 2 * kLanes <= lanes; i += 2 * kLanes) qk_block<2, LD>(qt, mp, i, kf, kf_ld, dk, scale, s);
+    if (i < lanes) qk_block<1, LD>(qt, mp, i, kf, kf_ld, dk, scale, s);
+  }
+
+  // Head widths of 64 and 128 (Qwen3, Llama, gpt-oss, ...) get their row stride as a constant.
+  static void qk(const float* qt, int64_t mp, int64_t queries, int64_t lanes, const float* kf, int64_t kf_ld,
+                 int dk, float scale, float* s) {
+    if (kf_ld == 128) return qk_at<128>(qt, mp, queries, lanes, kf, kf_ld, dk, scale, s);
+    if (kf_ld == 64) return qk_at<64>(qt, mp, queries, lanes, kf, kf_ld, dk, scale, s);
+    qk_at<0>(qt, mp, queries, lanes, kf, kf_ld, dk, scale, s);
   }
 
   static void softmax_step(float* s, int64_t mp, int64_t lanes, float* m, float* l, float* alpha) {
