@@ -42,6 +42,7 @@
 #include "kernels/register_fma_peak.hpp"
 #include "llm/arch/mla_attention.hpp"
 #include "llm/kv_cache.hpp"
+#include "util/huge_buffer.hpp"
 
 namespace {
 
@@ -62,9 +63,11 @@ double median_seconds(int reps, const std::function<void()>& fn) {
   return t[t.size() / 2];
 }
 
-// `seqs` sequences of `len` cached positions in shuffled bf16 blocks, with `rows` query rows each at the end.
+// `seqs` sequences of `len` cached positions in shuffled bf16 blocks, with `rows` query rows each at the end;
+// the blocks in 2 MiB pages, as llm::KvCache holds them.
 struct Setup {
-  std::vector<bf16> pool;
+  ZeroedHugeBuffer pool_memory;
+  bf16* pool = nullptr;
   std::vector<std::vector<const void*>> k_blocks, v_blocks;
   std::vector<float> q, out;
   std::vector<AttentionSequence> seqs;
@@ -74,10 +77,12 @@ struct Setup {
   Setup(int64_t num_seqs, int64_t len_, int64_t rows_) : len(len_), rows(rows_) {
     const int64_t row = int64_t{kKvHeads} * kDim, per_block = kBlock * row;
     const int64_t blocks = (len + kBlock - 1) / kBlock;
-    pool.resize(static_cast<size_t>(2 * num_seqs * blocks * per_block));
+    const auto pool_size = static_cast<size_t>(2 * num_seqs * blocks * per_block);
+    pool_memory = allocate_zeroed_huge_buffer(pool_size * sizeof(bf16));
+    pool = reinterpret_cast<bf16*>(pool_memory.get());
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-    for (bf16& x : pool) x = bf16(uni(rng));
+    for (size_t i = 0; i < pool_size; ++i) pool[i] = bf16(uni(rng));
     std::vector<int64_t> order(static_cast<size_t>(2 * num_seqs * blocks));
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), rng);
@@ -88,8 +93,8 @@ struct Setup {
     size_t next = 0;
     for (int64_t s = 0; s < num_seqs; ++s) {
       std::vector<const void*> kb, vb;
-      for (int64_t j = 0; j < blocks; ++j) kb.push_back(pool.data() + order[next++] * per_block);
-      for (int64_t j = 0; j < blocks; ++j) vb.push_back(pool.data() + order[next++] * per_block);
+      for (int64_t j = 0; j < blocks; ++j) kb.push_back(pool + order[next++] * per_block);
+      for (int64_t j = 0; j < blocks; ++j) vb.push_back(pool + order[next++] * per_block);
       k_blocks.push_back(std::move(kb)), v_blocks.push_back(std::move(vb));
     }
     for (int64_t s = 0; s < num_seqs; ++s)

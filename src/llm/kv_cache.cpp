@@ -1,8 +1,8 @@
 #include "llm/kv_cache.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <limits>
+#include <new>
 
 #include "xmoe/error.hpp"
 
@@ -41,8 +41,11 @@ KvCache::KvCache(const KvCacheShape& shape, DType dtype, size_t budget_bytes, in
   XMOE_CHECK(total_blocks_ > 0, "kv cache: a budget of ", budget_bytes, " bytes holds no block of ",
              block_size, " tokens (", per_block, " bytes each)");
   XMOE_CHECK(total_blocks_ <= INT32_MAX, "kv cache: budget of ", budget_bytes, " bytes is too many blocks");
-  storage_.reset(static_cast<std::byte*>(std::calloc(static_cast<size_t>(total_blocks_), per_block)));
-  XMOE_CHECK(storage_ != nullptr, "kv cache: could not allocate ", total_blocks_ * per_block, " bytes");
+  try {
+    storage_ = allocate_zeroed_huge_buffer(static_cast<size_t>(total_blocks_) * per_block);
+  } catch (const std::bad_alloc&) {
+    throw Error(detail::concat("kv cache: could not allocate ", total_blocks_ * per_block, " bytes"));
+  }
   // Handed out from the back, so blocks are used in ascending order.
   free_.reserve(static_cast<size_t>(total_blocks_));
   for (int64_t b = total_blocks_ - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));

@@ -13,10 +13,10 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <vector>
 
+#include "util/huge_buffer.hpp"
 #include "xmoe/dtype.hpp"
 
 namespace xmoe::llm {
@@ -98,8 +98,10 @@ class KvCache {
   size_t full_row_bytes_ = 0, window_row_bytes_ = 0;  // one token of every layer of the kind
   int64_t max_window_ = 0, ring_blocks_ = 0;
   int64_t total_blocks_ = 0;
-  // calloc'd: a large budget costs address space, not memory, until blocks are written.
-  std::unique_ptr<std::byte, decltype(&std::free)> storage_{nullptr, &std::free};
+  // An anonymous mapping: a large budget costs address space, not memory, until blocks are written; in 2 MiB
+  // pages, so decode's walk over a sequence's blocks (a few KiB of each layer's rows per block, the blocks a
+  // whole block of every layer apart) does not miss the TLB at every block.
+  ZeroedHugeBuffer storage_;
   std::vector<int32_t> free_;
   std::vector<Sequence> sequences_;
 };

@@ -20,4 +20,15 @@ inline constexpr size_t kHugePageSize = size_t{2} << 20;
 // the kernel refuses). Throws std::bad_alloc.
 HugeBuffer allocate_huge_buffer(size_t bytes);
 
+struct UnmapBytes {
+  size_t bytes = 0;
+  void operator()(std::byte* p) const;
+};
+using ZeroedHugeBuffer = std::unique_ptr<std::byte[], UnmapBytes>;
+
+// The same in an anonymous mapping: zero-filled, and costing address space, not memory, until a page is first
+// written (each then a 2 MiB page where the kernel has one), for a large budget used from its start.
+// Throws std::bad_alloc.
+ZeroedHugeBuffer allocate_zeroed_huge_buffer(size_t bytes);
+
 }  // namespace xmoe
