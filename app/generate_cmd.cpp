@@ -415,7 +415,7 @@ int run_generate(const GenerateOptions& o) {
     probe_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return gbs;
   };
-  double probe_before_step = step_probe ? timed_probe() : 0.0;
+  double probe_before_step = step_probe ? step_probe->measure() : 0.0;  // before the run's clock starts
   const auto start = std::chrono::steady_clock::now();
   if (!step_probe) engine.run_until_idle();
   while (step_probe) {
