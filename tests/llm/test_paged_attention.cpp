@@ -180,6 +180,10 @@ const Case kCases[] = {
     {"mla_decode_f32", 20, 1, 36, 32, true, 0, false, DType::f32, 16, {{60, 1}, {10, 1}, {0, 9}}, 0.3f},
     {"mla_decode_bf16", 40, 1, 72, 64, true, 0, false, DType::bf16, 16, {{90, 1}}, 0.125f},
     {"qwen3_shape", 32, 4, 128, 128, false, 0, false, DType::bf16, 16, {{0, 70}, {20, 1}}},
+    // Blocks of 24 end in 8-position chunks: decode reading the bf16 cache in place (AVX-512, a group of 8,
+    // widths of whole vectors) meets rows past a chunk's end.
+    {"gqa_bf16_block24_dim32", 8, 1, 32, 32, false, 0, false, DType::bf16, 24, {{0, 30}, {41, 1}, {5, 2}}},
+    {"window_sinks_bf16_block24", 8, 2, 64, 48, false, 19, true, DType::bf16, 24, {{0, 40}, {50, 1}}},
 };
 
 std::vector<Isa> levels() {

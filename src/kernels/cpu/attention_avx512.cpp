@@ -1,6 +1,9 @@
 // The attention work item with AVX-512 vectors (16 floats).
 #include <immintrin.h>
 
+#include <cstdint>
+#include <cstring>
+
 // GCC 12 reports the _mm512_undefined_ps() inside its own max/min intrinsics as maybe-uninitialized once they
 // are inlined into the softmax loop (a false positive: every lane is written).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -25,6 +28,20 @@ struct Vec {
     static T zero() { return _mm256_setzero_ps(); }
     static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
     static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+    // Two bf16 values (p[0], p[1]) in every 32-bit lane; as f32: the lane shifted left by 16, and the lane
+    // with its low half cleared.
+    static T broadcast_pair(const uint16_t* p) {
+      uint32_t bits;
+      std::memcpy(&bits, p, sizeof bits);
+      return _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(bits)));
+    }
+    static T low_bf16(T pair) {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(pair), 16));
+    }
+    static T high_bf16(T pair) {
+      return _mm256_castsi256_ps(
+          _mm256_and_si256(_mm256_castps_si256(pair), _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+    }
   };
   // 32 zmm registers: 16 score or 24 output accumulators.
   static constexpr int kScoreRows = 8, kRowBlock = 12;

@@ -113,6 +113,13 @@ void attention_tile(const AttentionArgs& a, const AttentionItem& item, float* sc
   // Padding lanes of the scores are computed but never read; zero keeps them finite when qk skips them.
   std::fill(sl.s, sl.s + kAttentionChunk * mp, 0.0f);
 
+  // Levels that can read a bf16 chunk in place do so where it applies (decode of one GQA group).
+  constexpr bool kInPlace = [] {
+    if constexpr (requires { Ops::kReadsBf16InPlace; }) return Ops::kReadsBf16InPlace;
+    return false;
+  }();
+  bool in_place = false;
+  if constexpr (kInPlace) in_place = Ops::reads_bf16_in_place(a, M);
   const int64_t first_pos = sq.pos0 + item.row0, last_pos = first_pos + item.rows - 1;
   auto lowest = [&](int64_t pos) { return a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0; };
   const int64_t lo = lowest(first_pos);
@@ -122,11 +129,19 @@ void attention_tile(const AttentionArgs& a, const AttentionItem& item, float* sc
     for (int64_t c = 0; c < bs; c += kAttentionChunk) {
       const int64_t c0 = j * bs + c, count = std::min<int64_t>(kAttentionChunk, bs - c);
       if (c0 + count <= lo || c0 > last_pos) continue;
-      load_rows(kb + esize * static_cast<size_t>(c * a.k_pos_stride + kv_head * a.k_head_stride), a.kv_dtype,
-                count, a.k_pos_stride, a.k_dim, dk_pad, sl.kf, Ops::widen);
-      load_rows(vb + esize * static_cast<size_t>(c * a.v_pos_stride + kv_head * a.v_head_stride), a.kv_dtype,
-                count, a.v_pos_stride, a.v_dim, dvp, sl.vf, Ops::widen);
-      Ops::qk(sl.qt, mp, M, lanes, sl.kf, dk_pad, a.k_dim, a.scale, sl.s);
+      const std::byte* k_rows =
+          kb + esize * static_cast<size_t>(c * a.k_pos_stride + kv_head * a.k_head_stride);
+      const std::byte* v_rows =
+          vb + esize * static_cast<size_t>(c * a.v_pos_stride + kv_head * a.v_head_stride);
+      if (in_place) {
+        if constexpr (kInPlace)
+          Ops::qk_bf16(sl.qt, mp, reinterpret_cast<const uint16_t*>(k_rows), a.k_pos_stride, count, a.k_dim,
+                       a.scale, sl.s);
+      } else {
+        load_rows(k_rows, a.kv_dtype, count, a.k_pos_stride, a.k_dim, dk_pad, sl.kf, Ops::widen);
+        load_rows(v_rows, a.kv_dtype, count, a.v_pos_stride, a.v_dim, dvp, sl.vf, Ops::widen);
+        Ops::qk(sl.qt, mp, M, lanes, sl.kf, dk_pad, a.k_dim, a.scale, sl.s);
+      }
       // Positions a query may not see: after it (causal), before its window, past the block's end.
       for (int64_t r = 0; r < item.rows; ++r) {
         const int64_t pos = first_pos + r;
@@ -141,7 +156,13 @@ void attention_tile(const AttentionArgs& a, const AttentionItem& item, float* sc
       Ops::softmax_step(sl.s, mp, lanes, sl.m, sl.l, sl.alpha);
       for (int64_t i = 0; i < M; ++i)
         if (sl.alpha[i] != 1.0f) Ops::scale_row(sl.o + i * dvp, sl.alpha[i], dvp);
-      Ops::pv(sl.s, mp, M, sl.vf, dvp, sl.o);
+      if (in_place) {
+        if constexpr (kInPlace)
+          Ops::pv_bf16(sl.s, mp, M, reinterpret_cast<const uint16_t*>(v_rows), a.v_pos_stride, count, dvp,
+                       sl.o);
+      } else {
+        Ops::pv(sl.s, mp, M, sl.vf, dvp, sl.o);
+      }
     }
   }
   for (int64_t r = 0; r < item.rows; ++r)
