@@ -417,17 +417,18 @@ int run_generate(const GenerateOptions& o) {
   };
   double probe_before_step = step_probe ? step_probe->measure() : 0.0;  // before the run's clock starts
   const auto start = std::chrono::steady_clock::now();
-  if (!step_probe) engine.run_until_idle();
-  while (step_probe) {
-    const llm::EngineStats before = engine.stats();
-    if (!engine.step()) break;
-    const llm::EngineStats& after = engine.stats();
-    const double probe_after_step = timed_probe();
-    if (after.decode_steps > before.decode_steps)
-      decode_samples.push_back({static_cast<double>(after.decode_weight_bytes - before.decode_weight_bytes),
-                                after.decode_seconds - before.decode_seconds,
-                                std::max(probe_before_step, probe_after_step)});
-    probe_before_step = probe_after_step;
+  if (!step_probe) {
+    engine.run_until_idle();
+  } else {
+    for (llm::EngineStats before = engine.stats(); engine.step(); before = engine.stats()) {
+      const llm::EngineStats& after = engine.stats();
+      const double probe_after_step = timed_probe();
+      if (after.decode_steps > before.decode_steps)
+        decode_samples.push_back({static_cast<double>(after.decode_weight_bytes - before.decode_weight_bytes),
+                                  after.decode_seconds - before.decode_seconds,
+                                  std::max(probe_before_step, probe_after_step)});
+      probe_before_step = probe_after_step;
+    }
   }
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() - probe_seconds;

@@ -12,6 +12,7 @@ namespace {
 
 struct Ops {
   static constexpr int64_t kLanes = 1;
+  static constexpr bool kReadsBf16InPlace = false;  // always widens each chunk (attention_tile.hpp)
 
   static void widen(const uint16_t* src, float* dst, int64_t n) {
     attention_detail::widen_bf16(src, dst, 0, n);

@@ -114,10 +114,7 @@ void attention_tile(const AttentionArgs& a, const AttentionItem& item, float* sc
   std::fill(sl.s, sl.s + kAttentionChunk * mp, 0.0f);
 
   // Levels that can read a bf16 chunk in place do so where it applies (decode of one GQA group).
-  constexpr bool kInPlace = [] {
-    if constexpr (requires { Ops::kReadsBf16InPlace; }) return Ops::kReadsBf16InPlace;
-    return false;
-  }();
+  constexpr bool kInPlace = Ops::kReadsBf16InPlace;
   bool in_place = false;
   if constexpr (kInPlace) in_place = Ops::reads_bf16_in_place(a, M);
   const int64_t first_pos = sq.pos0 + item.row0, last_pos = first_pos + item.rows - 1;
