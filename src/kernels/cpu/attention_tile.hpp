@@ -79,6 +79,21 @@ void load_rows(const void* src, DType dtype, int64_t count, int64_t stride, int 
   }
 }
 
+// The K and V rows of one chunk (`count` positions from `k_rows` / `v_rows`) into L2, a line at a time. A
+// chunk's rows lie in one cache block, and blocks lie anywhere, so the hardware prefetchers start cold at
+// every block; asked for one chunk ahead, decode of 16 sequences at a context of 2048 (K/V from DRAM) went
+// 8.6 → 5.0 ms a layer (bench_attention, 2 threads, Zen 4), and 16 × 512 (from L3) 1.33 → 0.97 ms. Into L1
+// instead (T0) it was slower than none.
+inline void prefetch_chunk(const std::byte* k_rows, const std::byte* v_rows, int64_t count,
+                           size_t k_pos_bytes, size_t v_pos_bytes, size_t k_bytes, size_t v_bytes) {
+  for (int64_t p = 0; p < count; ++p) {
+    const std::byte* k = k_rows + static_cast<size_t>(p) * k_pos_bytes;
+    const std::byte* v = v_rows + static_cast<size_t>(p) * v_pos_bytes;
+    for (size_t off = 0; off < k_bytes; off += 64) __builtin_prefetch(k + off, 0, 2);
+    for (size_t off = 0; off < v_bytes; off += 64) __builtin_prefetch(v + off, 0, 2);
+  }
+}
+
 template <class Ops>
 void attention_tile(const AttentionArgs& a, const AttentionItem& item, float* scratch) {
   const AttentionSequence& sq = a.seqs[item.seq];
@@ -120,16 +135,29 @@ void attention_tile(const AttentionArgs& a, const AttentionItem& item, float* sc
   const int64_t first_pos = sq.pos0 + item.row0, last_pos = first_pos + item.rows - 1;
   auto lowest = [&](int64_t pos) { return a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0; };
   const int64_t lo = lowest(first_pos);
+  // The item's rows of chunk c (an offset into block j, whose K and V blocks are kb and vb).
+  const auto rows_at = [&](const std::byte* block, int64_t c, int64_t pos_stride, int64_t head_stride) {
+    return block + esize * static_cast<size_t>(c * pos_stride + kv_head * head_stride);
+  };
   for (int64_t j = lo / bs; j <= last_pos / bs; ++j) {
     const auto* kb = static_cast<const std::byte*>(sq.k_blocks[j - sq.first_block]);
     const auto* vb = static_cast<const std::byte*>(sq.v_blocks[j - sq.first_block]);
     for (int64_t c = 0; c < bs; c += kAttentionChunk) {
       const int64_t c0 = j * bs + c, count = std::min<int64_t>(kAttentionChunk, bs - c);
       if (c0 + count <= lo || c0 > last_pos) continue;
-      const std::byte* k_rows =
-          kb + esize * static_cast<size_t>(c * a.k_pos_stride + kv_head * a.k_head_stride);
-      const std::byte* v_rows =
-          vb + esize * static_cast<size_t>(c * a.v_pos_stride + kv_head * a.v_head_stride);
+      const std::byte* k_rows = rows_at(kb, c, a.k_pos_stride, a.k_head_stride);
+      const std::byte* v_rows = rows_at(vb, c, a.v_pos_stride, a.v_head_stride);
+      // The next chunk: later in this block, or the next block's first.
+      const int64_t nc = c + kAttentionChunk < bs ? c + kAttentionChunk : 0, nj = nc == 0 ? j + 1 : j;
+      if (nj <= last_pos / bs) {
+        const auto* nkb = static_cast<const std::byte*>(sq.k_blocks[nj - sq.first_block]);
+        const auto* nvb = static_cast<const std::byte*>(sq.v_blocks[nj - sq.first_block]);
+        prefetch_chunk(rows_at(nkb, nc, a.k_pos_stride, a.k_head_stride),
+                       rows_at(nvb, nc, a.v_pos_stride, a.v_head_stride),
+                       std::min<int64_t>(kAttentionChunk, bs - nc), esize * static_cast<size_t>(a.k_pos_stride),
+                       esize * static_cast<size_t>(a.v_pos_stride), esize * static_cast<size_t>(a.k_dim),
+                       esize * static_cast<size_t>(a.v_dim));
+      }
       if (in_place) {
         if constexpr (kInPlace)
           Ops::qk_bf16(sl.qt, mp, reinterpret_cast<const uint16_t*>(k_rows), a.k_pos_stride, count, a.k_dim,
