@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cpu/bf16dot_lanes_avx512_bf16.hpp"
 #include "kernels/cpu/prefetch_slice.hpp"
@@ -76,11 +77,20 @@ inline void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, uint16_t* 
   });
 }
 
+// Work a group of tiles does between its steps (the default: none). group() calls plan(the steps of all its
+// tiles) once, then every tile calls step() at each of its steps: the decoded-panel paths decode the next
+// group's weights that way, so the decode's integer work issues beside the tiles' VDPBF16PS instead of
+// between groups.
+struct NoSideWork {
+  void plan(int64_t) {}
+  void step() {}
+};
+
 // y[i, j] for the MR rows of one packed x tile and NR weight rows read in place; prefetches `next_bytes` of
-// `next` into L2, spread over the steps.
-template <int MR, int NR, bool Share>
+// `next` into L2, spread over the steps, and runs side->step() at each step.
+template <int MR, int NR, bool Share, class Side = NoSideWork>
 inline void tile(const uint16_t* xt, const bf16* w, int64_t ldw, int64_t k, float* y, int64_t ldy,
-                 const char* next, int64_t next_bytes) {
+                 const char* next, int64_t next_bytes, Side* side) {
   __m512 acc[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
@@ -94,6 +104,7 @@ inline void tile(const uint16_t* xt, const bf16* w, int64_t ldw, int64_t k, floa
   for (int64_t s = 0; s < steps; ++s) {
     const int64_t p = s * 32;
     const __mmask32 mask = step_mask(k, p);
+    if constexpr (!std::is_same_v<Side, NoSideWork>) side->step();
     if constexpr (Share)
       ahead.step();
     else if (next_bytes > 0)
@@ -112,28 +123,29 @@ inline void tile(const uint16_t* xt, const bf16* w, int64_t ldw, int64_t k, floa
   lane_tree::store_sums<MR, NR>(acc, y, ldy);
 }
 
-using TileFn = void (*)(const uint16_t*, const bf16*, int64_t, int64_t, float*, int64_t, const char*,
-                        int64_t);
+template <class Side>
+using TileFn = void (*)(const uint16_t*, const bf16*, int64_t, int64_t, float*, int64_t, const char*, int64_t,
+                        Side*);
 // Tiles above kTileRows rows exist only with kWideGroupCols columns or fewer (32 registers hold the
 // accumulators).
-template <int MR, int NR, bool Share>
-constexpr TileFn tile_fn() {
+template <int MR, int NR, bool Share, class Side>
+constexpr TileFn<Side> tile_fn() {
   if constexpr (MR > kTileRows && NR > kWideGroupCols)
     return nullptr;
   else
-    return tile<MR, NR, Share>;
+    return tile<MR, NR, Share, Side>;
 }
 // The tile function by height (1 to kWideTileRows rows).
-template <int NR, bool Share>
-constexpr TileFn kTileTable[kWideTileRows + 1] = {nullptr,
-                                                  tile_fn<1, NR, Share>(),
-                                                  tile_fn<2, NR, Share>(),
-                                                  tile_fn<3, NR, Share>(),
-                                                  tile_fn<4, NR, Share>(),
-                                                  tile_fn<5, NR, Share>(),
-                                                  tile_fn<6, NR, Share>(),
-                                                  tile_fn<7, NR, Share>(),
-                                                  tile_fn<8, NR, Share>()};
+template <int NR, bool Share, class Side>
+constexpr TileFn<Side> kTileTable[kWideTileRows + 1] = {nullptr,
+                                                        tile_fn<1, NR, Share, Side>(),
+                                                        tile_fn<2, NR, Share, Side>(),
+                                                        tile_fn<3, NR, Share, Side>(),
+                                                        tile_fn<4, NR, Share, Side>(),
+                                                        tile_fn<5, NR, Share, Side>(),
+                                                        tile_fn<6, NR, Share, Side>(),
+                                                        tile_fn<7, NR, Share, Side>(),
+                                                        tile_fn<8, NR, Share, Side>()};
 
 // Weight rows [j, j + NR) over every packed x tile, which prefetch `next` (see kAhead) between them: with
 // several tiles each asks for an equal share of its lines. When the first tile asked for all of them (a
@@ -141,17 +153,19 @@ constexpr TileFn kTileTable[kWideTileRows + 1] = {nullptr,
 // per core at k = 2048 / 4096, m = 12 at 135 and m = 32 at 169; shared, 159 / 174, 152 and 182 (one
 // thread's CPU time, medians of 4 alternated runs, weights streamed from DRAM). One tile keeps the fixed NR
 // lines per step.
-template <int NR>
+// `side`'s work runs between the steps of every tile (NoSideWork: none).
+template <int NR, class Side = NoSideWork>
 inline void group(const uint16_t* xp, int64_t m, int64_t steps, const bf16* w, int64_t ldw, int64_t k,
-                  float* y, int64_t ldy, const char* next, int64_t next_bytes) {
+                  float* y, int64_t ldy, const char* next, int64_t next_bytes, Side* side = nullptr) {
   const int64_t tiles = tile_count(m, steps);
-  if (tiles == 1) return kTileTable<NR, false>[m](xp, w, ldw, k, y, ldy, next, next_bytes);
+  if constexpr (!std::is_same_v<Side, NoSideWork>) side->plan(tiles * steps);
+  if (tiles == 1) return kTileTable<NR, false, Side>[m](xp, w, ldw, k, y, ldy, next, next_bytes, side);
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t i0 = tile_start(m, t, steps);
     const int64_t lines = (next_bytes + 63) / 64, l0 = lines * t / tiles, l1 = lines * (t + 1) / tiles;
-    kTileTable<NR, true>[tile_start(m, t + 1, steps) - i0](xp + i0 * steps * 32, w, ldw, k, y + i0 * ldy, ldy,
-                                                           next + l0 * 64,
-                                                           std::min(next_bytes, l1 * 64) - l0 * 64);
+    kTileTable<NR, true, Side>[tile_start(m, t + 1, steps) - i0](
+        xp + i0 * steps * 32, w, ldw, k, y + i0 * ldy, ldy, next + l0 * 64,
+        std::min(next_bytes, l1 * 64) - l0 * 64, side);
   }
 }
 
