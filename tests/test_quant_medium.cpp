@@ -265,7 +265,8 @@ TEST(QuantMedium, Nvfp4KernelMatchesReferenceBitForBit) {
 }
 
 // Every E4M3 code point as an element (subnormals, both zeros, NaN in its own row), FP8 blocks of 16 columns
-// (multipliers differing inside a chunk), E8M0 FP8 scales.
+// (multipliers differing inside a chunk), E8M0 FP8 scales. 40 rows make the AVX512-BF16 kernel decode the
+// next group of weight rows between the steps of the current group's tiles (the NaN row's group included).
 TEST(QuantMedium, Fp8EveryCodePointAndBlockShape) {
   const std::vector<FastKernel> kernels = fast_kernels(WeightFormat::fp8_block);
   if (kernels.empty()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
@@ -280,7 +281,7 @@ TEST(QuantMedium, Fp8EveryCodePointAndBlockShape) {
       }
       q.data[static_cast<size_t>((n - 1) * k + 100)] = 0xFF;  // the last row only
       const PackedWeight w = q.view();
-      for (const int64_t m : {int64_t{1}, int64_t{2}, int64_t{5}, fast.prefill_rows}) {
+      for (const int64_t m : {int64_t{1}, int64_t{2}, int64_t{5}, fast.prefill_rows, int64_t{40}}) {
         const auto x = random_values(static_cast<size_t>(m * k), rng);
         const auto want = run(fast.reference, w, x, m, k, 0, n, n);
         for (int64_t i = 0; i < m; ++i)

@@ -19,7 +19,9 @@
 // VDPBF16PS chains; NaN codes are tracked by a running max. Up to kQuantPanelMinRowsFp8 x rows, weight rows
 // stream in small groups (stream()), each group against every tile of x rows while it is in L1, the group
 // after next prefetched into L2 meanwhile; from there, groups of rows are decoded into a bf16 panel and
-// bf16dot_tiles_avx512_bf16.hpp's tiles (the BF16 linear's) run over it.
+// bf16dot_tiles_avx512_bf16.hpp's tiles (the BF16 linear's) run over it, decoding the next group into a
+// second panel between their steps where that pays (decoded_panel_columns); MXFP4 from
+// kQuantPanelMinRowsMxfp4 rows decodes groups into one panel the same way, each before its tiles.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -315,56 +317,137 @@ bool fp8_decode_rows(const PackedWeight& w, int64_t n, int64_t rows, uint16_t* p
   return dec.clean();
 }
 
+// The same decode as fp8_decode_rows, one 64-column chunk of one row (a unit) at a time, in row order.
+class Fp8PanelRows {
+ public:
+  Fp8PanelRows(const PackedWeight& w, int64_t n, int64_t rows, uint16_t* panel, int64_t ldp)
+      : row_(reinterpret_cast<const uint8_t*>(w.data) + n * w.row_bytes),
+        row_bytes_(w.row_bytes),
+        k_(w.cols),
+        units_(rows * ((w.cols + 63) / 64)),
+        out_(panel),
+        ldp_(ldp) {}
+  int64_t units() const { return units_; }
+  void decode_next() {
+    bool fixup;
+    const __m512i raw = dec_.load(row_ + c_, k_ - c_, fixup);
+    for (int s = 0; s < 2; ++s) _mm512_store_si512(out_ + c_ + 32 * s, (__m512i)dec_.step(raw, s, fixup));
+    if ((c_ += 64) >= k_) {
+      c_ = 0;
+      row_ += row_bytes_;
+      out_ += ldp_;
+    }
+  }
+  bool clean() const { return dec_.clean(); }
+
+ private:
+  const uint8_t* row_;
+  int64_t row_bytes_, k_, units_;
+  uint16_t* out_;
+  int64_t ldp_, c_ = 0;
+  Fp8Decoder dec_;
+};
+
+// One group's decode (Rows: units(), decode_next(), clean()) spread evenly over the steps of the tiles that
+// run meanwhile as their side work (bf16dot_tiles: plan, step), then finish() for what is left.
+template <class Rows>
+class SpreadDecode {
+ public:
+  explicit SpreadDecode(Rows rows) : rows_(std::move(rows)), units_(rows_.units()) {}
+  void plan(int64_t steps) {
+    steps_ = std::max<int64_t>(steps, 1);
+    owed_ = 0;
+  }
+  void step() {
+    for (owed_ += units_; owed_ >= steps_ && done_ < units_; owed_ -= steps_, ++done_) rows_.decode_next();
+  }
+  // Decodes the rest; false when a code left to the reference was met.
+  bool finish() {
+    for (; done_ < units_; ++done_) rows_.decode_next();
+    return rows_.clean();
+  }
+
+ private:
+  Rows rows_;
+  int64_t units_, steps_ = 1, owed_ = 0, done_ = 0;
+};
+
 // Weight rows [s0, s1) against `rows` x rows from c0, in chunk order and in bf16dot_tiles' layout in xp:
-// groups of NR rows (the last 1 to NR - 1 rows as one group) decoded into the panel by
-// decode(w, n, rows, panel, ldp) (rows ldp words apart: k padded to the format's chunk; false when it met a
-// code left to the reference), then bf16dot_tiles' register tiles over it as over BF16 rows of the padded
-// length (the order is the same permutation of k in both operands); the raw rows of the group kPanelAhead
-// groups on are prefetched into L2 meanwhile.
-template <int NR, class Decode>
+// groups of NR rows (the last 1 to NR - 1 rows as one group) decoded into a panel (rows ldp words apart: k
+// padded to the format's chunk) by decode(w, n, rows, panel, ldp) (false when it met a code left to the
+// reference, whose group the reference then computes), then bf16dot_tiles' register tiles over it as over
+// BF16 rows of the padded length (the order is the same permutation of k in both operands); the raw rows of
+// the group kPanelAhead groups on are prefetched into L2 meanwhile. `panels` holds NR · ldp words, twice
+// that with a Spread decoder.
+//
+// With a Spread decoder (FP8's Fp8PanelRows; void: none) and more than two tile steps per unit of a group's
+// decode, the next group is decoded into the second panel between the steps of this group's tiles instead,
+// so the decode's integer work issues beside their VDPBF16PS rather than between groups. FP8, one thread,
+// from cache: 768 × 2048 at 32 x rows 168-173 → 183-187 GFLOP/s (BF16 184-194), 64 rows 181 → 195-197, 512
+// rows 176-183 → 195-199; 2048 × 768 at 32 rows 162-164 → 167-176. With more decode a step it lost (16 rows,
+// a unit every 1.3 steps: 155-161 → 144-151; 12 rows, one a step: 147 → 110: a decode between steps spills
+// accumulators), as MXFP4's row-block decode did at every row count (a unit decodes a chunk of every row,
+// each row's scale words live: 20-25 % slower), so those decode a whole group before its tiles.
+template <int NR, class Spread, class Decode>
 void decoded_panel_columns(const LinearArgs& a, int64_t c0, int64_t rows, const uint16_t* xp, int64_t s0,
-                           int64_t s1, uint16_t* panel, int64_t ldp, const Decode& decode,
+                           int64_t s1, uint16_t* panels, int64_t ldp, const Decode& decode,
                            LinearFn reference) {
   const PackedWeight& w = *a.w;
   const int64_t steps = ldp / 32;
   const auto* data = reinterpret_cast<const char*>(w.data);
-  const auto* weights = reinterpret_cast<const bf16*>(panel);
   float* y = a.y + c0 * a.ldy;
-  const auto decoded = [&](int64_t j, int64_t cols) {
-    if (decode(w, j, cols, panel, ldp)) return true;
-    quant::reference_part(a, reference, c0, rows, j, cols);
-    return false;
-  };
-  int64_t j = s0;
-  for (; j + NR <= s1; j += NR) {
-    if (!decoded(j, NR)) continue;
+  const auto group_rows = [&](int64_t j) { return std::clamp<int64_t>(s1 - j, 0, NR); };
+  // The tiles of the group at j (cols rows, decoded in panel) with side work `side`. A last group of 1 to
+  // NR - 1 rows runs as one group (a single-row group loads every x vector for one product).
+  const auto tiles = [&](int64_t j, int64_t cols, const uint16_t* panel, auto* side) {
+    const auto* weights = reinterpret_cast<const bf16*>(panel);
     const int64_t ahead = j + kPanelAhead * NR;
-    const bool next = ahead + NR <= a.n1;
-    bf16dot_tiles::group<NR>(xp, rows, steps, weights, ldp, ldp, y + j, a.ldy,
-                             next ? data + ahead * w.row_bytes : nullptr, next ? NR * w.row_bytes : 0);
-  }
-  // The last 1 to NR - 1 rows as one group (a single-row group loads every x vector for one product).
-  if (j < s1 && decoded(j, s1 - j)) {
-    const auto rest = [&](auto nr) {
-      bf16dot_tiles::group<decltype(nr)::value>(xp, rows, steps, weights, ldp, ldp, y + j, a.ldy, nullptr, 0);
+    const bool prefetch = cols == NR && ahead + NR <= a.n1;
+    const auto run = [&](auto nr) {
+      bf16dot_tiles::group<decltype(nr)::value>(xp, rows, steps, weights, ldp, ldp, y + j, a.ldy,
+                                                prefetch ? data + ahead * w.row_bytes : nullptr,
+                                                prefetch ? NR * w.row_bytes : 0, side);
     };
-    switch (s1 - j) {
+    static_assert(NR >= 2 && NR <= 6);
+    switch (cols) {
       case 1:
-        return rest(std::integral_constant<int, 1>{});
+        return run(std::integral_constant<int, 1>{});
       case 2:
-        return rest(std::integral_constant<int, 2>{});
+        return run(std::integral_constant<int, 2>{});
       case 3:
-        if constexpr (NR > 3) return rest(std::integral_constant<int, 3>{});
+        if constexpr (NR >= 3) return run(std::integral_constant<int, 3>{});
         break;
       case 4:
-        if constexpr (NR > 4) return rest(std::integral_constant<int, 4>{});
+        if constexpr (NR >= 4) return run(std::integral_constant<int, 4>{});
         break;
       case 5:
-        if constexpr (NR > 5) return rest(std::integral_constant<int, 5>{});
+        if constexpr (NR >= 5) return run(std::integral_constant<int, 5>{});
         break;
       default:
+        if constexpr (NR >= 6) return run(std::integral_constant<int, 6>{});
         break;
     }
+  };
+  if constexpr (!std::is_void_v<Spread>) {
+    uint16_t* const panel[2] = {panels, panels + NR * ldp};
+    if (2 * Spread(w, s0, NR, panel[0], ldp).units() < bf16dot_tiles::tile_count(rows, steps) * steps) {
+      bool clean = decode(w, s0, group_rows(s0), panel[0], ldp);
+      for (int64_t j = s0, cur = 0; j < s1; j += NR, cur ^= 1) {
+        SpreadDecode<Spread> next(Spread(w, j + NR, group_rows(j + NR), panel[cur ^ 1], ldp));
+        if (clean)
+          tiles(j, group_rows(j), panel[cur], &next);
+        else
+          quant::reference_part(a, reference, c0, rows, j, group_rows(j));
+        clean = next.finish();
+      }
+      return;
+    }
+  }
+  for (int64_t j = s0; j < s1; j += NR) {
+    if (decode(w, j, group_rows(j), panels, ldp))
+      tiles(j, group_rows(j), panels, static_cast<bf16dot_tiles::NoSideWork*>(nullptr));
+    else
+      quant::reference_part(a, reference, c0, rows, j, group_rows(j));
   }
 }
 
@@ -475,7 +558,7 @@ void linear_fp8_block_medium(const LinearArgs& a) {
   const int64_t steps = padded / 32;
   Buffer<uint16_t> xp_buffer, panel_buffer;
   uint16_t* xp = xp_buffer.ensure(static_cast<size_t>(std::min(a.m, kChunkRows) * padded));
-  uint16_t* panel = panel_buffer.ensure(static_cast<size_t>(kGroupCols * padded));
+  uint16_t* panels = panel_buffer.ensure(static_cast<size_t>(2 * kGroupCols * padded));
   for (int64_t c0 = 0; c0 < a.m; c0 += kChunkRows) {
     const int64_t rows = std::min(kChunkRows, a.m - c0);
     for_each_row_block(w, a.n0, a.n1, [&](int64_t s0, int64_t s1) {
@@ -484,11 +567,11 @@ void linear_fp8_block_medium(const LinearArgs& a) {
         pack_fp8_x_row(order, a.x + (c0 + i) * a.ldx, k, mult.data(), padded, dst, step_stride);
       });
       if (tile_rows(rows, steps) == kWideTileRows)
-        decoded_panel_columns<kWideGroupCols>(a, c0, rows, xp, s0, s1, panel, padded, fp8_decode_rows,
-                                              reference::linear_fp8_block_medium);
+        decoded_panel_columns<kWideGroupCols, Fp8PanelRows>(
+            a, c0, rows, xp, s0, s1, panels, padded, fp8_decode_rows, reference::linear_fp8_block_medium);
       else
-        decoded_panel_columns<kGroupCols>(a, c0, rows, xp, s0, s1, panel, padded, fp8_decode_rows,
-                                          reference::linear_fp8_block_medium);
+        decoded_panel_columns<kGroupCols, Fp8PanelRows>(a, c0, rows, xp, s0, s1, panels, padded,
+                                                        fp8_decode_rows, reference::linear_fp8_block_medium);
     });
   }
 }
@@ -501,7 +584,7 @@ void linear_mxfp4_medium(const LinearArgs& a) {
   const int64_t k = a.w->cols, padded = (k + 127) / 128 * 128, steps = padded / 32;
   Buffer<uint16_t> xp_buffer, panel_buffer;
   uint16_t* xp = xp_buffer.ensure(static_cast<size_t>(std::min(a.m, kChunkRows) * padded));
-  uint16_t* panel = panel_buffer.ensure(static_cast<size_t>(kGroupCols * padded));
+  uint16_t* panels = panel_buffer.ensure(static_cast<size_t>(kGroupCols * padded));
   const Fp4Order order;
   for (int64_t c0 = 0; c0 < a.m; c0 += kChunkRows) {
     const int64_t rows = std::min(kChunkRows, a.m - c0);
@@ -509,11 +592,11 @@ void linear_mxfp4_medium(const LinearArgs& a) {
       pack_fp4_x_row(order, a.x + (c0 + i) * a.ldx, k, padded, dst, step_stride);
     });
     if (tile_rows(rows, steps) == kWideTileRows)
-      decoded_panel_columns<kWideGroupCols>(a, c0, rows, xp, a.n0, a.n1, panel, padded, mxfp4_decode_rows,
-                                            reference::linear_mxfp4_medium);
+      decoded_panel_columns<kWideGroupCols, void>(a, c0, rows, xp, a.n0, a.n1, panels, padded,
+                                                  mxfp4_decode_rows, reference::linear_mxfp4_medium);
     else
-      decoded_panel_columns<kGroupCols>(a, c0, rows, xp, a.n0, a.n1, panel, padded, mxfp4_decode_rows,
-                                        reference::linear_mxfp4_medium);
+      decoded_panel_columns<kGroupCols, void>(a, c0, rows, xp, a.n0, a.n1, panels, padded, mxfp4_decode_rows,
+                                              reference::linear_mxfp4_medium);
   }
 }
 void linear_nvfp4_medium(const LinearArgs& a) {
