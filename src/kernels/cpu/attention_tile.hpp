@@ -152,11 +152,11 @@ void attention_tile(const AttentionArgs& a, const AttentionItem& item, float* sc
       if (nj <= last_pos / bs) {
         const auto* nkb = static_cast<const std::byte*>(sq.k_blocks[nj - sq.first_block]);
         const auto* nvb = static_cast<const std::byte*>(sq.v_blocks[nj - sq.first_block]);
-        prefetch_chunk(rows_at(nkb, nc, a.k_pos_stride, a.k_head_stride),
-                       rows_at(nvb, nc, a.v_pos_stride, a.v_head_stride),
-                       std::min<int64_t>(kAttentionChunk, bs - nc), esize * static_cast<size_t>(a.k_pos_stride),
-                       esize * static_cast<size_t>(a.v_pos_stride), esize * static_cast<size_t>(a.k_dim),
-                       esize * static_cast<size_t>(a.v_dim));
+        prefetch_chunk(
+            rows_at(nkb, nc, a.k_pos_stride, a.k_head_stride),
+            rows_at(nvb, nc, a.v_pos_stride, a.v_head_stride), std::min<int64_t>(kAttentionChunk, bs - nc),
+            esize * static_cast<size_t>(a.k_pos_stride), esize * static_cast<size_t>(a.v_pos_stride),
+            esize * static_cast<size_t>(a.k_dim), esize * static_cast<size_t>(a.v_dim));
       }
       if (in_place) {
         if constexpr (kInPlace)
