@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "kernels/linear.hpp"
+#include "util/buffer.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::moe {
@@ -75,6 +76,11 @@ PackedSwigluExperts::PackedSwigluExperts(std::vector<SwigluWeights> experts,
 
 void PackedSwigluExperts::forward_rows(const float* x, std::span<const ExpertRange> ranges, int64_t R,
                                        float* y) {
+  forward_rows(x, ranges, R, y, own_);
+}
+
+void PackedSwigluExperts::forward_rows(const float* x, std::span<const ExpertRange> ranges, int64_t R,
+                                       float* y, ExpertScratch& scratch) {
   const int64_t M = model_dim_, I = hidden_;
   int64_t routed_rows = 0;
   for (const ExpertRange& rg : ranges) {
@@ -89,8 +95,8 @@ void PackedSwigluExperts::forward_rows(const float* x, std::span<const ExpertRan
   const bool table_silu = descriptor_.activation == GatedActivation::swiglu &&
                           descriptor_.gate_up_layout == GateUpLayout::separate;
   // Gate and up outputs side by side, in the weight's row order (separate: gate [0, I) then up [I, 2I)).
-  float* gu = gu_.ensure(static_cast<size_t>(R * 2 * I));
-  float* act = act_.ensure(static_cast<size_t>(R * I));
+  float* gu = scratch.gate_up.ensure(static_cast<size_t>(R * 2 * I));
+  float* act = scratch.act.ensure(static_cast<size_t>(R * I));
 
   // One parallel schedule for the whole layer: (expert, column tile) items of gate_up, the activation by
   // row chunks, then (expert, column tile) items of down. The same items run for any team, each output

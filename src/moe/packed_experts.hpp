@@ -11,9 +11,9 @@
 
 #include "kernels/kernels.hpp"
 #include "moe/expert_descriptor.hpp"
+#include "moe/expert_scratch.hpp"
 #include "moe/expert_tiles.hpp"
 #include "moe/experts.hpp"
-#include "util/buffer.hpp"
 
 namespace xmoe::moe {
 
@@ -54,6 +54,9 @@ class PackedSwigluExperts {
   // result depends on that row alone, never on the thread count. All experts run as one parallel schedule
   // (expert_tiles.hpp) balanced by the rows each range holds.
   void forward_rows(const float* x, std::span<const ExpertRange> ranges, int64_t total_rows, float* y);
+  // The same with the gate/up and activation rows in `scratch` (the caller's, shared with other layers).
+  void forward_rows(const float* x, std::span<const ExpertRange> ranges, int64_t total_rows, float* y,
+                    ExpertScratch& scratch);
 
  private:
   const kernels::KernelTable* table_;
@@ -62,7 +65,7 @@ class PackedSwigluExperts {
   std::vector<kernels::PackedWeight> gate_up_;  // one view of gate and up per expert, where one exists
   std::vector<char> joined_;                    // by expert: gate_up_ holds its view
   int64_t model_dim_ = 0, hidden_ = 0;
-  Buffer<float> gu_, act_;
+  ExpertScratch own_;  // the scratch of the calls that bring none
   std::vector<ExpertTile> gate_up_tiles_, down_tiles_;
   std::vector<ExpertRange> row_chunks_;  // the activation's work items
 };

@@ -13,6 +13,11 @@ RoutedExperts::RoutedExperts(std::vector<SwigluWeights> experts, const kernels::
 
 void RoutedExperts::forward(const float* x, int64_t T, int k, const int32_t* ids, const float* weights,
                             float* y) {
+  forward(x, T, k, ids, weights, y, own_);
+}
+
+void RoutedExperts::forward(const float* x, int64_t T, int k, const int32_t* ids, const float* weights,
+                            float* y, ExpertScratch& scratch) {
   const int E = experts_.num_experts();
   const int64_t M = experts_.model_dim();
   XMOE_CHECK(T >= 0 && k >= 1 && k <= E, "routed experts: top_k must be in [1, ", E, "], got ", k);
@@ -37,7 +42,7 @@ void RoutedExperts::forward(const float* x, int64_t T, int k, const int32_t* ids
   XMOE_CHECK(plan_.dropped == 0, "routed experts: dropless plan dropped ", plan_.dropped, " token copies");
 
   const int64_t R = plan_.total_rows;
-  float* disp = dispatched_.ensure(static_cast<size_t>(R * M));
+  float* disp = scratch.dispatched.ensure(static_cast<size_t>(R * M));
   parallel_rows(T, 16, [&](int64_t a, int64_t b) {
     for (int64_t t = a; t < b; ++t)
       for (int j = 0; j < k; ++j) {
@@ -48,8 +53,8 @@ void RoutedExperts::forward(const float* x, int64_t T, int k, const int32_t* ids
   ranges_.clear();
   for (int e = 0; e < E; ++e)
     ranges_.push_back({e, plan_.offsets[static_cast<size_t>(e)], plan_.offsets[static_cast<size_t>(e) + 1]});
-  float* yd = expert_out_.ensure(static_cast<size_t>(R * M));
-  experts_.forward_rows(disp, ranges_, R, yd);
+  float* yd = scratch.expert_out.ensure(static_cast<size_t>(R * M));
+  experts_.forward_rows(disp, ranges_, R, yd, scratch);
   parallel_rows(T, 16, [&](int64_t a, int64_t b) {
     for (int64_t t = a; t < b; ++t) {
       float* out = y + t * M;

@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "moe/expert_scratch.hpp"
 #include "moe/packed_experts.hpp"
 #include "moe/routing.hpp"
-#include "util/buffer.hpp"
 
 namespace xmoe::moe {
 
@@ -24,6 +24,9 @@ class RoutedExperts {
   // y: [tokens, model_dim] = Σ_j weights[t, j] · expert_{ids[t, j]}(x[t]), accumulated in f32 in choice
   // order. A token's result depends only on its own row (the experts run rows independently).
   void forward(const float* x, int64_t tokens, int top_k, const int32_t* ids, const float* weights, float* y);
+  // The same with its rows in `scratch` (the caller's, shared with other layers).
+  void forward(const float* x, int64_t tokens, int top_k, const int32_t* ids, const float* weights, float* y,
+               ExpertScratch& scratch);
 
  private:
   const kernels::KernelTable* table_;
@@ -31,7 +34,7 @@ class RoutedExperts {
   std::vector<int32_t> ids_, locations_, counts_;
   std::vector<ExpertRange> ranges_;
   RowPlan plan_;
-  Buffer<float> dispatched_, expert_out_;
+  ExpertScratch own_;  // the scratch of the calls that bring none
 };
 
 }  // namespace xmoe::moe

@@ -210,7 +210,7 @@ class Decoder final : public CausalLM {
       }
       {
         ProfileScope scope(profile_, ProfileOp::experts);
-        weight_bytes_read_ += L.ffn->forward(normed, T, proj);
+        weight_bytes_read_ += L.ffn->forward(normed, T, proj, ffn_scratch_);
       }
       ProfileScope scope(profile_, ProfileOp::norms, norm_bytes);
       add_rows(hidden, proj, T * H);
@@ -333,6 +333,7 @@ class Decoder final : public CausalLM {
   StepProfile* profile_ = nullptr;
   Buffer<float> hidden_, normed_, proj_;
   AttentionScratch attention_scratch_;
+  moe::ExpertScratch ffn_scratch_;  // lent to each layer's feed-forward block in turn
 };
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "llm/arch/attention_block.hpp"
 #include "llm/layers/weights.hpp"
 #include "llm/model.hpp"
+#include "moe/expert_scratch.hpp"
 
 namespace xmoe::llm {
 
@@ -53,9 +54,9 @@ class DecoderLoader {
 class FeedForward {
  public:
   virtual ~FeedForward() = default;
-  // y [T, H] = block(x [T, H]). Returns the bytes of expert weights the call read (each expert any token
-  // chose, once); 0 for a dense block.
-  virtual uint64_t forward(const float* x, int64_t T, float* y) = 0;
+  // y [T, H] = block(x [T, H]), its rows in `scratch` (the model's, lent to each layer in turn). Returns the
+  // bytes of expert weights the call read (each expert any token chose, once); 0 for a dense block.
+  virtual uint64_t forward(const float* x, int64_t T, float* y, moe::ExpertScratch& scratch) = 0;
   virtual size_t fixed_bytes() const = 0;      // weights every step reads (dense weights, router)
   virtual size_t per_token_bytes() const = 0;  // weights one token reads besides (its experts)
   // Where the block times its router and experts from now on (null: not timed); a block that does not

@@ -31,13 +31,13 @@ class DenseSwiglu final : public FeedForward {
     parts_ = {gate, up};
     if (auto joined = kernels::join_rows(parts_)) parts_ = {*joined};
   }
-  uint64_t forward(const float* x, int64_t T, float* y) override {
+  uint64_t forward(const float* x, int64_t T, float* y, moe::ExpertScratch& scratch) override {
     const int64_t I = down_.cols;
     ProfileScope scope(
         profile_, ProfileOp::experts, static_cast<double>(fixed_bytes()),
         6.0 * static_cast<double>(T) * static_cast<double>(I) * static_cast<double>(down_.rows));
-    float* gu = gu_.ensure(static_cast<size_t>(T * 2 * I));
-    float* act = act_.ensure(static_cast<size_t>(T * I));
+    float* gu = scratch.gate_up.ensure(static_cast<size_t>(T * 2 * I));
+    float* act = scratch.act.ensure(static_cast<size_t>(T * I));
     linear_forward_parts(*table_, parts_, x, T, down_.rows, gu, 2 * I);
     moe::parallel_rows(T, 16, [&](int64_t a, int64_t b) {
       for (int64_t t = a; t < b; ++t)
@@ -59,7 +59,6 @@ class DenseSwiglu final : public FeedForward {
   StepProfile* profile_ = nullptr;
   std::vector<PackedWeight> parts_;
   PackedWeight down_;
-  Buffer<float> gu_, act_;
 };
 
 class SwigluMoe final : public FeedForward {
@@ -75,7 +74,7 @@ class SwigluMoe final : public FeedForward {
         experts_(std::move(experts), table),
         shared_(std::move(shared)) {}
 
-  uint64_t forward(const float* x, int64_t T, float* y) override {
+  uint64_t forward(const float* x, int64_t T, float* y, moe::ExpertScratch& scratch) override {
     const int E = config_.num_experts, k = config_.top_k;
     std::optional<ProfileScope> scope;
     if (profile_)
@@ -107,11 +106,11 @@ class SwigluMoe final : public FeedForward {
       scope.emplace(profile_, ProfileOp::experts, static_cast<double>(n * expert_bytes()),
                     6.0 * static_cast<double>(T) * k * I * static_cast<double>(router_.cols));
     }
-    experts_.forward(x, T, k, ids_.data(), weights_.data(), y);
+    experts_.forward(x, T, k, ids_.data(), weights_.data(), y, scratch);
     if (shared_) {
       const int64_t H = router_.cols;
       float* s = shared_out_.ensure(static_cast<size_t>(T * H));
-      shared_->forward(x, T, s);
+      shared_->forward(x, T, s, scratch);  // the routed experts' output is in y by now
       moe::parallel_rows(T, 16, [&](int64_t a, int64_t b) {
         for (int64_t i = a * H; i < b * H; ++i) y[i] += s[i];
       });

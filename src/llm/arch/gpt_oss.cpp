@@ -69,13 +69,13 @@ class GptOssMoe final : public FeedForward {
         E_(router_.config().num_experts),
         k_(router_.config().top_k) {}
 
-  uint64_t forward(const float* x, int64_t T, float* y) override {
+  uint64_t forward(const float* x, int64_t T, float* y, moe::ExpertScratch& scratch) override {
     ids_.resize(static_cast<size_t>(T * k_));
     weights_.resize(ids_.size());
     router_.route(x, T, ids_.data(), weights_.data());
     chosen_.assign(static_cast<size_t>(E_), 0);
     for (int32_t id : ids_) chosen_[static_cast<size_t>(id)] = 1;
-    experts_.forward(x, T, k_, ids_.data(), weights_.data(), y);
+    experts_.forward(x, T, k_, ids_.data(), weights_.data(), y, scratch);
     return static_cast<uint64_t>(std::count(chosen_.begin(), chosen_.end(), 1)) * expert_bytes();
   }
   size_t fixed_bytes() const override { return router_.bytes(); }
