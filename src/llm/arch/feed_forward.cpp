@@ -109,7 +109,7 @@ class SwigluMoe final : public FeedForward {
     experts_.forward(x, T, k, ids_.data(), weights_.data(), y, scratch);
     if (shared_) {
       const int64_t H = router_.cols;
-      float* s = shared_out_.ensure(static_cast<size_t>(T * H));
+      float* s = scratch.shared_out.ensure(static_cast<size_t>(T * H));
       shared_->forward(x, T, s, scratch);  // the routed experts' output is in y by now
       moe::parallel_rows(T, 16, [&](int64_t a, int64_t b) {
         for (int64_t i = a * H; i < b * H; ++i) y[i] += s[i];
@@ -138,7 +138,7 @@ class SwigluMoe final : public FeedForward {
   moe::RoutedExperts experts_;
   std::unique_ptr<DenseSwiglu> shared_;  // null = no shared experts
   StepProfile* profile_ = nullptr;
-  Buffer<float> logits_, shared_out_;
+  Buffer<float> logits_;
   std::vector<int32_t> ids_;
   std::vector<float> weights_;
   std::vector<char> chosen_;  // by expert, in the step being run
