@@ -216,7 +216,9 @@ struct MlaSetup {
     attn.resize(static_cast<size_t>(num_seqs * rows * kMlaHeads * kMlaV));
   }
 
-  void run(const KernelTable& table) { mla->attend(table, *cache, 0, step, q.data(), attn.data()); }
+  // The scratch lives across runs, as the model's does across layers and steps.
+  void run(const KernelTable& table) { mla->attend(table, *cache, 0, step, q.data(), attn.data(), scratch); }
+  llm::MlaScratch scratch;
 
   // (query, visible position) pairs over every sequence.
   double pairs() const {

@@ -106,7 +106,8 @@ struct Fixture {
     const MlaAttention mla = layer(form);
     const int saved = omp_get_max_threads();
     omp_set_num_threads(threads);
-    mla.attend(table, *cache, 0, step, qs.data(), attn.data());
+    MlaScratch scratch;
+    mla.attend(table, *cache, 0, step, qs.data(), attn.data(), scratch);
     omp_set_num_threads(saved);
     std::vector<std::vector<float>> out;
     for (size_t i = 0; i < which.size(); ++i)

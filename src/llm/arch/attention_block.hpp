@@ -41,8 +41,17 @@ struct AttentionWeights {
 };
 
 // Scratch shared by the layers of a model (sized by the largest step).
+// MLA's rows between its projections (MlaAttention::attend): the absorbed form's gathered queries, latent
+// queries and outputs; the expanded form's f32 latents and, per chunk, expanded K and V (84 MB a chunk of 512
+// positions at DeepSeek-V3's shape, which a buffer per call took as fresh pages at every layer).
+struct MlaScratch {
+  Buffer<float> gathered, latent_q, latent_out, out_rows, latents;
+  std::vector<Buffer<float>> keys, values;
+};
+
 struct AttentionScratch {
   Buffer<float> qkv, attn;
+  MlaScratch mla;
   StepProfile* profile = nullptr;  // where the block times its projections (null: not timed)
 };
 

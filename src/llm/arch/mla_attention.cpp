@@ -136,7 +136,7 @@ void MlaAttention::forward(const kernels::KernelTable& table, const Rope& rope, 
   }
 
   float* attn = scratch.attn.ensure(static_cast<size_t>(T * int64_t{nh} * d_.v_head));
-  attend(table, cache, layer, step, q, attn);
+  attend(table, cache, layer, step, q, attn, scratch.mla);
   kernels::linear_forward(table, w_.o, attn, T, out);
 }
 
@@ -145,12 +145,12 @@ bool MlaAttention::absorbs(int64_t rows) const {
 }
 
 void MlaAttention::attend(const kernels::KernelTable& table, KvCache& cache, int layer, const StepRows& step,
-                          const float* q, float* attn) const {
+                          const float* q, float* attn, MlaScratch& scratch) const {
   std::vector<size_t> absorbed, expanded;
   for (size_t c = 0; c < step.seq.size(); ++c)
     (absorbs(step.first[c + 1] - step.first[c]) ? absorbed : expanded).push_back(c);
-  if (!absorbed.empty()) attend_absorbed(table, cache, layer, step, absorbed, q, attn);
-  if (!expanded.empty()) attend_expanded(table, cache, layer, step, expanded, q, attn);
+  if (!absorbed.empty()) attend_absorbed(table, cache, layer, step, absorbed, q, attn, scratch);
+  if (!expanded.empty()) attend_expanded(table, cache, layer, step, expanded, q, attn, scratch);
 }
 
 namespace {
@@ -176,7 +176,7 @@ kernels::PackedWeight MlaAttention::uv_view(int h) const {
 
 void MlaAttention::attend_absorbed(const kernels::KernelTable& table, KvCache& cache, int layer,
                                    const StepRows& step, const std::vector<size_t>& chunks, const float* q,
-                                   float* attn) const {
+                                   float* attn, MlaScratch& scratch) const {
   const int R = d_.kv_lora_rank, L = d_.latent_width(), nope = d_.qk_nope, nh = d_.heads, qh = d_.qk_head();
   const int dv = d_.v_head;
   const int64_t q_width = int64_t{nh} * qh, o_width = int64_t{nh} * dv, bs = cache.block_size();
@@ -184,7 +184,10 @@ void MlaAttention::attend_absorbed(const kernels::KernelTable& table, KvCache& c
   int64_t rows = 0;
   for (size_t c : chunks) rows += step.first[c + 1] - step.first[c];
   const bool whole = rows == step.rows();
-  Buffer<float> gathered, latent_q, latent_out, out_rows;
+  Buffer<float>& gathered = scratch.gathered;
+  Buffer<float>& latent_q = scratch.latent_q;
+  Buffer<float>& latent_out = scratch.latent_out;
+  Buffer<float>& out_rows = scratch.out_rows;
   const float* qc = q;
   float* oc = attn;
   if (!whole) {
@@ -247,15 +250,17 @@ void MlaAttention::attend_absorbed(const kernels::KernelTable& table, KvCache& c
 
 void MlaAttention::attend_expanded(const kernels::KernelTable& table, KvCache& cache, int layer,
                                    const StepRows& step, const std::vector<size_t>& chunks, const float* q,
-                                   float* attn) const {
+                                   float* attn, MlaScratch& scratch) const {
   const int R = d_.kv_lora_rank, L = d_.latent_width(), nope = d_.qk_nope, dr = d_.qk_rope, nh = d_.heads;
   const int qh = d_.qk_head(), dv = d_.v_head;
   const int64_t q_width = int64_t{nh} * qh, o_width = int64_t{nh} * dv, bs = cache.block_size();
   const int64_t k_width = int64_t{nh} * qh;
   // Per chunk: its sequence's latents in f32, then K = [k_nope | k_pe] and V of every head and position,
   // laid out as one block per bs positions for the attention kernel.
-  std::vector<Buffer<float>> keys(chunks.size()), values(chunks.size());
-  Buffer<float> latents;
+  std::vector<Buffer<float>>& keys = scratch.keys;
+  std::vector<Buffer<float>>& values = scratch.values;
+  if (keys.size() < chunks.size()) keys.resize(chunks.size()), values.resize(chunks.size());
+  Buffer<float>& latents = scratch.latents;
   std::vector<kernels::AttentionSequence> seqs;
   std::vector<const void*> blocks;
   std::vector<size_t> block_start;

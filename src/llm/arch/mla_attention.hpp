@@ -69,16 +69,18 @@ class MlaAttention final : public AttentionLayer {
   // kernels::attention: the absorbed form's chunks in one call with every head on the one latent K/V head,
   // the expanded form's in another over their sequences' expanded K/V.
   void attend(const kernels::KernelTable& table, KvCache& cache, int layer, const StepRows& step,
-              const float* q, float* attn) const;
+              const float* q, float* attn, MlaScratch& scratch) const;
 
  private:
   bool absorbs(int64_t rows) const;            // whether a chunk of `rows` rows runs in the absorbed form
   kernels::PackedWeight uk_view(int h) const;  // W_UK[h]ᵀ, [kv_lora, nope]
   kernels::PackedWeight uv_view(int h) const;  // W_UV[h], [v_head, kv_lora]
   void attend_absorbed(const kernels::KernelTable& table, KvCache& cache, int layer, const StepRows& step,
-                       const std::vector<size_t>& chunks, const float* q, float* attn) const;
+                       const std::vector<size_t>& chunks, const float* q, float* attn,
+                       MlaScratch& scratch) const;
   void attend_expanded(const kernels::KernelTable& table, KvCache& cache, int layer, const StepRows& step,
-                       const std::vector<size_t>& chunks, const float* q, float* attn) const;
+                       const std::vector<size_t>& chunks, const float* q, float* attn,
+                       MlaScratch& scratch) const;
 
   MlaDims d_;
   MlaWeights w_;
