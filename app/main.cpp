@@ -12,6 +12,7 @@
 #include "init_model_cmd.hpp"
 #include "kernels/cpu_features.hpp"
 #include "linear_bench_cmd.hpp"
+#include "openmp_wait.hpp"
 #include "quantize_cmd.hpp"
 #include "reshard_cmd.hpp"
 #include "serve_cmd.hpp"
@@ -84,6 +85,7 @@ void add_bench_flags(CLI::App& cmd, xmoe::app::BenchOptions& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  xmoe::app::use_default_openmp_wait(argv);
   CLI::App app{"xmoe: Mixture-of-Experts runtime"};
   app.require_subcommand(1);
   xmoe::app::BenchOptions bench;
@@ -118,9 +120,11 @@ int main(int argc, char** argv) {
   try {
     if (info_cmd->parsed()) {
       const auto f = xmoe::kernels::detect_cpu_features();
-      std::printf("cpu features: %s\nL2 per core: %lld KiB\nkernel level: %s\nopenmp threads: %d\n",
-                  f.str().c_str(), static_cast<long long>(f.l2_bytes / 1024),
-                  xmoe::kernels::isa_name(xmoe::kernels::best_isa(f)), omp_get_max_threads());
+      std::printf(
+          "cpu features: %s\nL2 per core: %lld KiB\nkernel level: %s\nopenmp threads: %d\nopenmp wait: %s\n",
+          f.str().c_str(), static_cast<long long>(f.l2_bytes / 1024),
+          xmoe::kernels::isa_name(xmoe::kernels::best_isa(f)), omp_get_max_threads(),
+          xmoe::app::openmp_wait_description().c_str());
       return 0;
     }
     if (reshard_cmd->parsed()) return xmoe::app::run_reshard(reshard);

@@ -13,9 +13,11 @@ struct CliRun {
   std::string output;  // stdout and stderr
 };
 
-inline CliRun run_cli(const std::string& args) {
+// env_prefix: `env` arguments run before the binary (e.g. "-u OMP_WAIT_POLICY X=1"), empty for none.
+inline CliRun run_cli(const std::string& args, const std::string& env_prefix = "") {
   CliRun r;
-  FILE* p = popen((std::string(XMOE_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
+  const std::string env = env_prefix.empty() ? "" : "env " + env_prefix + " ";
+  FILE* p = popen((env + XMOE_CLI_PATH + " " + args + " 2>&1").c_str(), "r");
   if (!p) return r;
   std::array<char, 4096> buf;
   size_t n;

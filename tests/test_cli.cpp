@@ -36,6 +36,26 @@ TEST(Cli, BenchEvalDroplessBf16AndSwitching) {
   EXPECT_NE(r.output.find("[Switching]"), std::string::npos) << r.output;
 }
 
+// libgomp reads its wait policy before main: xmoe's bounded-spin default reaches it only through a fresh
+// exec, which must keep the arguments; a policy from the environment is left as it is.
+TEST(Cli, OpenMpWaitDefaultsToABoundedSpinUnlessTheEnvironmentChooses) {
+  CliRun r = run_cli("info", "-u OMP_WAIT_POLICY -u GOMP_SPINCOUNT");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("openmp wait: GOMP_SPINCOUNT=10000 (xmoe's default"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("kernel level: "), std::string::npos) << r.output;
+  r = run_cli("info", "-u GOMP_SPINCOUNT OMP_WAIT_POLICY=passive");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("openmp wait: OMP_WAIT_POLICY=passive\n"), std::string::npos) << r.output;
+  r = run_cli("info", "-u OMP_WAIT_POLICY GOMP_SPINCOUNT=77");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("openmp wait: GOMP_SPINCOUNT=77\n"), std::string::npos) << r.output;
+  // the exec keeps every argument: a bad flag is still named
+  r = run_cli("info --no-such-flag", "-u OMP_WAIT_POLICY -u GOMP_SPINCOUNT");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--no-such-flag"), std::string::npos) << r.output;
+}
+
 TEST(Cli, BadFlagsExitTwoWithTheMessage) {
   const std::pair<const char*, const char*> cases[] = {
       {"bench --top 0", "--top"},

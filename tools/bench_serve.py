@@ -14,8 +14,8 @@ HTTP serving costs <= 5 %). Beside it, decode rates: the engine's own decode tok
 the server's at the client, counted while all N streams are running (text events between the last stream's first
 token and the first stream's end; each event is one token unless UTF-8 bytes were held back). TTFT is from
 sending to the first token. Scaling: aggregate throughput at max(N) streams over one stream (goal >= 4x).
-Both inherit this process's environment: on a machine shared with other work, OMP_WAIT_POLICY=passive keeps
-OpenMP's spinning from dominating the figures. Only one copy of the model is in memory at a time: every generate run ends before the server starts, and the
+Both inherit this process's environment (unless it sets OMP_WAIT_POLICY or GOMP_SPINCOUNT, xmoe's bounded spin,
+which keeps OpenMP's spinning from costing time slices on a machine shared with other work). Only one copy of the model is in memory at a time: every generate run ends before the server starts, and the
 server stops before the next generate run.
   python tools/bench_serve.py --model /tmp/q3-8l --threads 2
 """
