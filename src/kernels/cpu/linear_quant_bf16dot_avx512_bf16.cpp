@@ -299,6 +299,14 @@ struct Fp8Tile {
   }
 };
 
+// One unit: the 64-column chunk of a row from column c (k columns in all) into out + c.
+[[gnu::always_inline]] inline void fp8_decode_unit(Fp8Decoder& dec, const uint8_t* row, int64_t c, int64_t k,
+                                                   uint16_t* out) {
+  bool fixup;
+  const __m512i raw = dec.load(row + c, k - c, fixup);
+  for (int s = 0; s < 2; ++s) _mm512_store_si512(out + c + 32 * s, (__m512i)dec.step(raw, s, fixup));
+}
+
 // FP8 rows [n, n + rows) as bf16 weights (code value × 2^-8) in chunk order, row j at panel + j · ldp (ldp:
 // k padded to 64; the codes past k read as zeros, whose products with x's zeros are zeros); false when a NaN
 // code was met.
@@ -307,17 +315,13 @@ bool fp8_decode_rows(const PackedWeight& w, int64_t n, int64_t rows, uint16_t* p
   Fp8Decoder dec;
   for (int64_t j = 0; j < rows; ++j) {
     const auto* row = reinterpret_cast<const uint8_t*>(w.data) + (n + j) * w.row_bytes;
-    for (int64_t c = 0; c < k; c += 64) {
-      bool fixup;
-      const __m512i raw = dec.load(row + c, k - c, fixup);
-      for (int s = 0; s < 2; ++s)
-        _mm512_store_si512(panel + j * ldp + c + 32 * s, (__m512i)dec.step(raw, s, fixup));
-    }
+    for (int64_t c = 0; c < k; c += 64) fp8_decode_unit(dec, row, c, k, panel + j * ldp);
   }
   return dec.clean();
 }
 
-// The same decode as fp8_decode_rows, one 64-column chunk of one row (a unit) at a time, in row order.
+// The same decode as fp8_decode_rows, one unit at a time, in row order (a loop over these units measured
+// 3-13 % slower than fp8_decode_rows' own at 12-24 x rows, where whole groups are decoded).
 class Fp8PanelRows {
  public:
   Fp8PanelRows(const PackedWeight& w, int64_t n, int64_t rows, uint16_t* panel, int64_t ldp)
@@ -329,9 +333,7 @@ class Fp8PanelRows {
         ldp_(ldp) {}
   int64_t units() const { return units_; }
   void decode_next() {
-    bool fixup;
-    const __m512i raw = dec_.load(row_ + c_, k_ - c_, fixup);
-    for (int s = 0; s < 2; ++s) _mm512_store_si512(out_ + c_ + 32 * s, (__m512i)dec_.step(raw, s, fixup));
+    fp8_decode_unit(dec_, row_, c_, k_, out_);
     if ((c_ += 64) >= k_) {
       c_ = 0;
       row_ += row_bytes_;
