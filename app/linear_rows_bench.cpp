@@ -49,8 +49,10 @@ void run_linear_rows_bench(const kernels::KernelTable& table, const kernels::Cpu
     const char* what;
     int64_t n, k;
   };
-  const Shape shapes[] = {
-      {"expert gate+up", 1536, 2048}, {"expert down", 2048, 768}, {"attention q", 4096, 2048}};
+  const Shape shapes[] = {{"expert gate+up", 1536, 2048},
+                          {"expert down", 2048, 768},
+                          {"attention q", 4096, 2048},
+                          {"attention o", 2048, 4096}};
   // bf16 weights at both matmul precisions where the level has bf16 products (linear_precision.hpp); the
   // medium rows are measured against the VDPBF16PS peak.
   struct Variant {

@@ -131,6 +131,36 @@ TEST(LinearKernels, ManyRowsOnBothSidesOfTheFewRowsKernelsLimit) {
   if (variants == 0) GTEST_SKIP() << "no vector variant on this CPU";
 }
 
+TEST(LinearKernels, LongRowsInBlocksOfStepsKeepTheBits) {
+  // At AVX2 a few-row tile whose x rows of one parity outgrow L1 (k = 4096 at 4 rows and more) runs its
+  // passes over blocks of steps (2 at 4 rows, 3 at 5), each pair's chain resumed from its stored
+  // accumulators; k = 4100 puts the zero-padded tail step in the last block, and 37 weight rows end on a set
+  // of 5 (a single-row pair). Every level against the reference, bit for bit.
+  const CpuFeatures features = detect_cpu_features();
+  const KernelTable& ref = reference_kernel_table();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  const int64_t n = 37;
+  int variants = 0;
+  for (Isa isa : {Isa::avx2, Isa::avx512, Isa::avx512_bf16}) {
+    if (!isa_supported(features, isa)) continue;
+    const KernelTable& fast = kernel_table(isa, features);
+    ++variants;
+    for (int64_t m : {4, 8, 13})
+      for (int64_t k : {4096, 4100}) {
+        std::vector<float> x(static_cast<size_t>(m * k)), v(static_cast<size_t>(n * k));
+        for (float& e : x) e = nd(rng);
+        for (float& e : v) e = nd(rng);
+        const TestWeight tw(WeightFormat::bf16, v, n, k, k + 8);
+        std::vector<float> a(static_cast<size_t>(m * n)), b(a.size());
+        fast.linear[size_t(WeightFormat::bf16)]({x.data(), m, k, &tw.w, 0, n, a.data(), n});
+        ref.linear[size_t(WeightFormat::bf16)]({x.data(), m, k, &tw.w, 0, n, b.data(), n});
+        EXPECT_EQ(a, b) << isa_name(isa) << " m=" << m << " k=" << k;
+      }
+  }
+  if (variants == 0) GTEST_SKIP() << "no vector variant on this CPU";
+}
+
 TEST(LinearKernels, ReferenceIsADotProduct) {
   const std::vector<float> x{1, 2, 3, 4, -1, 0.5f}, v{1, 1, 1, 1, 2, 2, 0.5f, -1, 0, 0, 4, 2};
   for (WeightFormat format : {WeightFormat::f32, WeightFormat::bf16, WeightFormat::f16}) {

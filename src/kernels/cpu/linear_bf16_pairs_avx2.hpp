@@ -88,18 +88,20 @@ inline void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, float* out
   }
 }
 
-// One parity's pass of an MR × NR tile: x rows at xs (row i of step s at xs + (s · MR + i) · 8), weight row
-// j's step s at w + j · ldw + 16 s for s < full, then (when full < steps) the zero-padded tail at tail + 16
-// j. Stores the 8-lane accumulators to acc + (i · NR + j) · 8. Prefetches [next, next + next_bytes) into L2
-// evenly over its steps (its share of the next set's rows; see set_of_rows).
+// One parity's pass of an MR × NR tile over steps [s0, s1): x rows at xs (row i of step s at xs + (s · MR +
+// i) · 8), weight row j's step s at w + j · ldw + 16 s for s < full, and step `full` (when it is below s1: k
+// has a tail) the zero-padded tail at tail + 16 j. The 8-lane accumulators start at zero when s0 is 0 and
+// from acc + (i · NR + j) · 8 otherwise (the same chain, resumed), and are stored there. Prefetches [next,
+// next + next_bytes) into L2 evenly over its steps (its share of the next set's rows; see set_of_rows).
 template <int MR, int NR, int Parity>
-void tile(const float* xs, const uint16_t* w, int64_t ldw, int64_t full, int64_t steps, const uint16_t* tail,
-          float* acc_out, const char* next, int64_t next_bytes) {
+void tile(const float* xs, const uint16_t* w, int64_t ldw, int64_t s0, int64_t s1, int64_t full,
+          const uint16_t* tail, float* acc_io, const char* next, int64_t next_bytes) {
   __m256 acc[MR][NR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_setzero_ps();
+    for (int j = 0; j < NR; ++j)
+      acc[i][j] = s0 == 0 ? _mm256_setzero_ps() : _mm256_load_ps(acc_io + (i * NR + j) * 8);
   const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   const auto step = [&](const float* px, const uint16_t* const* ws) {
     __m256 wv[NR];
@@ -117,24 +119,25 @@ void tile(const float* xs, const uint16_t* w, int64_t ldw, int64_t full, int64_t
     }
   };
   const uint16_t* ws[NR];
-  PrefetchEvenly ahead(next, next_bytes, full);
-  for (int64_t s = 0; s < full; ++s) {
+  const int64_t whole = std::min(s1, full);
+  PrefetchEvenly ahead(next, next_bytes, whole - s0);
+  for (int64_t s = s0; s < whole; ++s) {
     ahead.step();
     for (int j = 0; j < NR; ++j) ws[j] = w + j * ldw + s * 16;
     step(xs + s * MR * 8, ws);
   }
-  if (full < steps) {
+  if (full < s1) {
     for (int j = 0; j < NR; ++j) ws[j] = tail + j * 16;
     step(xs + full * MR * 8, ws);
   }
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-    for (int j = 0; j < NR; ++j) _mm256_store_ps(acc_out + (i * NR + j) * 8, acc[i][j]);
+    for (int j = 0; j < NR; ++j) _mm256_store_ps(acc_io + (i * NR + j) * 8, acc[i][j]);
 }
 
-using TileFn = void (*)(const float*, const uint16_t*, int64_t, int64_t, int64_t, const uint16_t*, float*,
-                        const char*, int64_t);
+using TileFn = void (*)(const float*, const uint16_t*, int64_t, int64_t, int64_t, int64_t, const uint16_t*,
+                        float*, const char*, int64_t);
 // tile<MR, NR, Parity> as kTileFns[NR - 1][Parity][MR].
 template <int NR, int Parity>
 constexpr TileFn kTileRow[kTileRows + 1] = {nullptr,
@@ -155,6 +158,16 @@ constexpr const TileFn* kTileFns[2][2] = {{kTileRow<1, 0>, kTileRow<1, 1>}, {kTi
 // (next_bytes from next) into L2.
 constexpr int kSetRows = 16;
 
+// A tile's rows of one parity that take more than kTileWholeBytes (k = 4096, attention's output projection:
+// 4 rows are 32 KiB, all of Zen 3's and Zen 4's L1) run their passes over equal blocks of steps of at most
+// kTileBlockBytes, each pair's accumulators kept between them, so that the block stays in L1 beside the
+// weights. One thread capped at AVX2 on Zen 4 (a 2-vCPU VM, `xmoe linear-bench --threads 1 --clock thread
+// --isa avx2 --rows 4,8,16`, alternated builds), 2048 × 4096: 4 rows 42 → 67-69 GFLOP/s, 8 rows 54 → 81, 16
+// rows 65-66 → 86-89, as 4096 × 2048 runs (75 / 84 / 89-91); blocks of up to 24 KiB (two unequal ones at 4
+// rows) gave 52-55 / 64-66 / 85-86. Blocks at k = 2048 too (6 rows: 24 KiB) lost 4-8 % at 16 rows.
+constexpr int64_t kTileWholeBytes = 24 << 10;
+constexpr int64_t kTileBlockBytes = 16 << 10;
+
 inline void set_of_rows(const float* xp, int64_t m, int64_t k, const uint16_t* w, int64_t ldw, int64_t rows,
                         float* y, int64_t ldy, const char* next, int64_t next_bytes) {
   const int64_t steps = (k + 15) / 16, full = k / 16;
@@ -165,24 +178,37 @@ inline void set_of_rows(const float* xp, int64_t m, int64_t k, const uint16_t* w
       std::memcpy(tail[j], w + j * ldw + full * 16, static_cast<size_t>(k - full * 16) * sizeof(uint16_t));
   }
   const int64_t groups = (rows + kGroupRows - 1) / kGroupRows;
-  const int64_t passes = tile_count(m) * 2 * groups;
-  alignas(32) float even[kSetRows / kGroupRows][kTileRows * kGroupRows * 8];
-  alignas(32) float odd[kTileRows * kGroupRows * 8];
+  // Steps per pass of a tile of h rows (8 floats a row and step): all of them, or equal blocks.
+  const auto block_steps = [&](int64_t h) {
+    const int64_t bytes = h * 8 * int64_t(sizeof(float)) * steps;
+    if (bytes <= kTileWholeBytes) return steps;
+    const int64_t blocks = (bytes + kTileBlockBytes - 1) / kTileBlockBytes;
+    return (steps + blocks - 1) / blocks;
+  };
+  int64_t passes = 0;
   for (int64_t t = 0; t < tile_count(m); ++t) {
-    const int64_t i0 = tile_start(m, t), h = tile_start(m, t + 1) - i0;
-    for (int parity = 0; parity < 2; ++parity)
-      for (int64_t g = 0; g < groups; ++g) {
-        const int64_t j0 = g * kGroupRows, nr = std::min<int64_t>(kGroupRows, rows - j0);
-        const WeightSpan ahead = share_of(next, next_bytes, (t * 2 + parity) * groups + g, passes);
-        float* const acc = parity == 0 ? even[g] : odd;
-        kTileFns[nr - 1][parity][h](xp + (parity * m + i0) * steps * 8, w + j0 * ldw, ldw, full, steps,
-                                    tail[j0], acc, ahead.data, ahead.bytes);
-        if (parity == 1)
-          for (int64_t i = 0; i < h; ++i)
-            for (int64_t j = 0; j < nr; ++j)
-              y[(i0 + i) * ldy + j0 + j] = reduce_pairs(_mm256_load_ps(even[g] + (i * nr + j) * 8),
-                                                        _mm256_load_ps(odd + (i * nr + j) * 8));
-      }
+    const int64_t bs = block_steps(tile_start(m, t + 1) - tile_start(m, t));
+    passes += (steps + bs - 1) / bs * 2 * groups;
+  }
+  alignas(32) float acc[2][kSetRows / kGroupRows][kTileRows * kGroupRows * 8];
+  for (int64_t t = 0, pass = 0; t < tile_count(m); ++t) {
+    const int64_t i0 = tile_start(m, t), h = tile_start(m, t + 1) - i0, bs = block_steps(h);
+    for (int64_t s0 = 0; s0 < steps; s0 += bs)
+      for (int parity = 0; parity < 2; ++parity)
+        for (int64_t g = 0; g < groups; ++g, ++pass) {
+          const int64_t j0 = g * kGroupRows, nr = std::min<int64_t>(kGroupRows, rows - j0);
+          const WeightSpan ahead = share_of(next, next_bytes, pass, passes);
+          kTileFns[nr - 1][parity][h](xp + (parity * m + i0) * steps * 8, w + j0 * ldw, ldw, s0,
+                                      std::min(steps, s0 + bs), full, tail[j0], acc[parity][g], ahead.data,
+                                      ahead.bytes);
+        }
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t j0 = g * kGroupRows, nr = std::min<int64_t>(kGroupRows, rows - j0);
+      for (int64_t i = 0; i < h; ++i)
+        for (int64_t j = 0; j < nr; ++j)
+          y[(i0 + i) * ldy + j0 + j] = reduce_pairs(_mm256_load_ps(acc[0][g] + (i * nr + j) * 8),
+                                                    _mm256_load_ps(acc[1][g] + (i * nr + j) * 8));
+    }
   }
 }
 
