@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <vector>
 
@@ -102,26 +103,25 @@ TEST(LinearKernels, VariantsMatchReferenceBitForBit) {
   if (variants == 0) GTEST_SKIP() << "no vector variant on this CPU";
 }
 
-TEST(LinearKernels, ManyRowsOnBothSidesOfTheFewRowsKernelsLimit) {
-  // BF16 products of a few dozen rows run the pair-widened kernels while their x rows fit in 512 KiB
-  // (AVX-512) or 1 MiB (AVX2), the panel GEMMs beyond: 100 rows of k = 1000 (400 KB) take the first, 300
-  // rows (1.2 MB) the second; both give the reference's bits.
+// BF16 weights of n rows (row stride k + pad) against m x rows, for each m and k, on every vector level the
+// CPU has: the reference's bits. Draws x then the weights from rng for each (level, m, k) in turn.
+void expect_bf16_levels_match_reference(uint32_t seed, std::initializer_list<int64_t> ms,
+                                        std::initializer_list<int64_t> ks, int64_t n, int64_t pad) {
   const CpuFeatures features = detect_cpu_features();
   const KernelTable& ref = reference_kernel_table();
-  std::mt19937 rng(11);
+  std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
-  const int64_t n = 21;
   int variants = 0;
   for (Isa isa : {Isa::avx2, Isa::avx512, Isa::avx512_bf16}) {
     if (!isa_supported(features, isa)) continue;
     const KernelTable& fast = kernel_table(isa, features);
     ++variants;
-    for (int64_t m : {100, 300})
-      for (int64_t k : {1000, 1009}) {
+    for (int64_t m : ms)
+      for (int64_t k : ks) {
         std::vector<float> x(static_cast<size_t>(m * k)), v(static_cast<size_t>(n * k));
         for (float& e : x) e = nd(rng);
         for (float& e : v) e = nd(rng);
-        const TestWeight tw(WeightFormat::bf16, v, n, k, k + 3);
+        const TestWeight tw(WeightFormat::bf16, v, n, k, k + pad);
         std::vector<float> a(static_cast<size_t>(m * n)), b(a.size());
         fast.linear[size_t(WeightFormat::bf16)]({x.data(), m, k, &tw.w, 0, n, a.data(), n});
         ref.linear[size_t(WeightFormat::bf16)]({x.data(), m, k, &tw.w, 0, n, b.data(), n});
@@ -131,34 +131,19 @@ TEST(LinearKernels, ManyRowsOnBothSidesOfTheFewRowsKernelsLimit) {
   if (variants == 0) GTEST_SKIP() << "no vector variant on this CPU";
 }
 
+TEST(LinearKernels, ManyRowsOnBothSidesOfTheFewRowsKernelsLimit) {
+  // BF16 products of a few dozen rows run the pair-widened kernels while their x rows fit in 512 KiB
+  // (AVX-512) or 1 MiB (AVX2), the panel GEMMs beyond: 100 rows of k = 1000 (400 KB) take the first, 300
+  // rows (1.2 MB) the second; both give the reference's bits.
+  expect_bf16_levels_match_reference(11, {100, 300}, {1000, 1009}, 21, 3);
+}
+
 TEST(LinearKernels, LongRowsInBlocksOfStepsKeepTheBits) {
   // At AVX2 a few-row tile whose x rows of one parity outgrow L1 (k = 4096 at 4 rows and more) runs its
   // passes over blocks of steps (2 at 4 rows, 3 at 5), each pair's chain resumed from its stored
   // accumulators; k = 4100 puts the zero-padded tail step in the last block, and 37 weight rows end on a set
-  // of 5 (a single-row pair). Every level against the reference, bit for bit.
-  const CpuFeatures features = detect_cpu_features();
-  const KernelTable& ref = reference_kernel_table();
-  std::mt19937 rng(5);
-  std::normal_distribution<float> nd;
-  const int64_t n = 37;
-  int variants = 0;
-  for (Isa isa : {Isa::avx2, Isa::avx512, Isa::avx512_bf16}) {
-    if (!isa_supported(features, isa)) continue;
-    const KernelTable& fast = kernel_table(isa, features);
-    ++variants;
-    for (int64_t m : {4, 8, 13})
-      for (int64_t k : {4096, 4100}) {
-        std::vector<float> x(static_cast<size_t>(m * k)), v(static_cast<size_t>(n * k));
-        for (float& e : x) e = nd(rng);
-        for (float& e : v) e = nd(rng);
-        const TestWeight tw(WeightFormat::bf16, v, n, k, k + 8);
-        std::vector<float> a(static_cast<size_t>(m * n)), b(a.size());
-        fast.linear[size_t(WeightFormat::bf16)]({x.data(), m, k, &tw.w, 0, n, a.data(), n});
-        ref.linear[size_t(WeightFormat::bf16)]({x.data(), m, k, &tw.w, 0, n, b.data(), n});
-        EXPECT_EQ(a, b) << isa_name(isa) << " m=" << m << " k=" << k;
-      }
-  }
-  if (variants == 0) GTEST_SKIP() << "no vector variant on this CPU";
+  // of 5 (a single-row pair).
+  expect_bf16_levels_match_reference(5, {4, 8, 13}, {4096, 4100}, 37, 8);
 }
 
 TEST(LinearKernels, ReferenceIsADotProduct) {
