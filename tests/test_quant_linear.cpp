@@ -269,5 +269,37 @@ TEST(QuantLinear, BatchShapesOverSeveralSlicesOfRows) {
   }
 }
 
+// Rows long enough that 4 x rows outgrow L1 (k = 4096 and 4160): the AVX2 byte-lookup FP4 paths run them over
+// blocks of columns, each tile's chains carried from block to block (4160: a last block shorter than the
+// others); FP8 rows with NaN codes near their start, middle and end. Every level returns the reference's
+// bits, NaN outputs included.
+TEST(QuantLinear, LongRowsOverBlocksOfColumns) {
+  const CpuFeatures features = detect_cpu_features();
+  if (vector_levels().empty()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(31);
+  const int64_t n = 37;
+  for (const WeightFormat f : {WeightFormat::fp8_block, WeightFormat::mxfp4, WeightFormat::nvfp4})
+    for (const int64_t k : {4096, 4160}) {
+      QuantizedMatrix q = quantize(f, random_values(static_cast<size_t>(n * k), rng, 0.05f), n, k);
+      if (f == WeightFormat::fp8_block) {
+        q.data[3 * k + 5] = 0x7F;
+        q.data[20 * k + k / 2 + 7] = 0xFF;
+        q.data[30 * k + k - 1] = 0x7F;
+      }
+      const PackedWeight w = q.view();
+      for (const int64_t m : {4, 8, 13}) {
+        const auto x = random_values(static_cast<size_t>(m * k), rng);
+        for (const auto& [n0, n1] : {std::pair<int64_t, int64_t>{0, n}, {5, 33}}) {
+          const auto want = run(reference_kernel_table(), w, x, m, k, n0, n1, n);
+          for (const Isa isa : vector_levels())
+            expect_same(run(kernel_table(isa, features), w, x, m, k, n0, n1, n), want,
+                        std::string(weight_format_name(f)) + " k=" + std::to_string(k) +
+                            " m=" + std::to_string(m) + " cols [" + std::to_string(n0) + ", " +
+                            std::to_string(n1) + ") " + isa_name(isa));
+        }
+      }
+    }
+}
+
 }  // namespace
 }  // namespace xmoe::kernels::quant
