@@ -20,6 +20,7 @@
 #include <cstring>
 #include <iterator>
 
+#include "kernels/cpu/l1_blocks.hpp"
 #include "kernels/cpu/linear_panels_avx2.hpp"
 #include "kernels/cpu/prefetch_slice.hpp"
 #include "util/buffer.hpp"
@@ -180,10 +181,7 @@ inline void set_of_rows(const float* xp, int64_t m, int64_t k, const uint16_t* w
   const int64_t groups = (rows + kGroupRows - 1) / kGroupRows;
   // Steps per pass of a tile of h rows (8 floats a row and step): all of them, or equal blocks.
   const auto block_steps = [&](int64_t h) {
-    const int64_t bytes = h * 8 * int64_t(sizeof(float)) * steps;
-    if (bytes <= kTileWholeBytes) return steps;
-    const int64_t blocks = (bytes + kTileBlockBytes - 1) / kTileBlockBytes;
-    return (steps + blocks - 1) / blocks;
+    return units_per_block(steps, h * 8 * int64_t(sizeof(float)), kTileWholeBytes, kTileBlockBytes);
   };
   int64_t passes = 0;
   for (int64_t t = 0; t < tile_count(m); ++t) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/fp4_rows_walk.hpp"
+#include "kernels/cpu/l1_blocks.hpp"
 #include "kernels/cpu/linear_panels_avx2.hpp"
 #include "kernels/cpu/linear_quant.hpp"
 #include "kernels/quant/codecs.hpp"
@@ -433,13 +434,6 @@ constexpr int64_t kByteLookupSliceBytes = 128 << 10;
 constexpr int64_t kGroupWholeBytes = 32 << 10;
 constexpr int64_t kGroupBlockBytes = 16 << 10;
 
-inline int64_t fp4_columns_per_block(int64_t mr, int64_t k) {
-  const int64_t bytes = mr * k * int64_t(sizeof(float));
-  if (bytes <= kGroupWholeBytes) return k;
-  const int64_t blocks = (bytes + kGroupBlockBytes - 1) / kGroupBlockBytes;
-  return std::min(k, ((k + blocks - 1) / blocks + 127) / 128 * 128);
-}
-
 template <class Group>
 void slices_by_groups(const LinearArgs& a, int64_t bytes_per_row, Group&& group) {
   const int64_t slice = a.m <= 3 ? a.n1 - a.n0 : std::max<int64_t>(8, kByteLookupSliceBytes / bytes_per_row);
@@ -484,7 +478,8 @@ void fp4_bytes_rows(const Fp4ByteTables& t, const LinearArgs& a) {
   Buffer<float> acc_buffer;  // MR · 16 floats per weight row of a part
   slices_by_groups(
       a, w.row_bytes + w.scale_row_stride, [&]<int MR, int NR>(const LinearArgs& part, int64_t i) {
-        const int64_t block = fp4_columns_per_block(MR, k);
+        const int64_t block =
+            units_per_block(k, MR * int64_t(sizeof(float)), kGroupWholeBytes, kGroupBlockBytes, 128);
         float* acc =
             block < k ? acc_buffer.ensure(static_cast<size_t>((part.n1 - part.n0) * MR * 16)) : nullptr;
         for (int64_t k0 = 0; k0 < k; k0 += block)

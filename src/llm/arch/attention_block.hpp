@@ -40,7 +40,6 @@ struct AttentionWeights {
   std::vector<float> sinks;                           // [heads] with sinks
 };
 
-// Scratch shared by the layers of a model (sized by the largest step).
 // MLA's rows between its projections (MlaAttention::attend): the absorbed form's gathered queries, latent
 // queries and outputs; the expanded form's f32 latents and, per chunk, expanded K and V (84 MB a chunk of 512
 // positions at DeepSeek-V3's shape, which a buffer per call took as fresh pages at every layer).
@@ -49,6 +48,7 @@ struct MlaScratch {
   std::vector<Buffer<float>> keys, values;
 };
 
+// Scratch shared by the layers of a model (sized by the largest step).
 struct AttentionScratch {
   Buffer<float> qkv, attn;
   MlaScratch mla;

@@ -259,7 +259,10 @@ void MlaAttention::attend_expanded(const kernels::KernelTable& table, KvCache& c
   // laid out as one block per bs positions for the attention kernel.
   std::vector<Buffer<float>>& keys = scratch.keys;
   std::vector<Buffer<float>>& values = scratch.values;
-  if (keys.size() < chunks.size()) keys.resize(chunks.size()), values.resize(chunks.size());
+  if (keys.size() < chunks.size()) {
+    keys.resize(chunks.size());
+    values.resize(chunks.size());
+  }
   Buffer<float>& latents = scratch.latents;
   std::vector<kernels::AttentionSequence> seqs;
   std::vector<const void*> blocks;
