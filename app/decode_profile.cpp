@@ -216,10 +216,16 @@ int run_decode_profile(const kernels::KernelTable& table, const DecodeProfileOpt
         // down), so a layer has one join instead of a barrier between gate/up and down, and each call
         // streams a whole matrix. Other experts than the model's schedule gets (neither finds the other's in
         // cache), and the two go first on alternate steps (A/B).
+        // (e + E / 2 would land on the model's own set whenever E / K divides E / 2: 128 experts, top 8.)
+        std::vector<char> taken(static_cast<size_t>(E), 0);
+        for (const moe::ExpertRange& rg : ranges) taken[static_cast<size_t>(rg.expert)] = 1;
         for (int j = 0; j < K; ++j) {
           const auto jj = static_cast<size_t>(j);
           other[jj] = ranges[jj];
-          other[jj].expert = (ranges[jj].expert + E / 2) % E;
+          int e = (ranges[jj].expert + E / 2) % E;
+          for (int tries = 0; tries < E && taken[static_cast<size_t>(e)]; ++tries) e = (e + 1) % E;
+          taken[static_cast<size_t>(e)] = 1;  // E < 2K: some overlap is unavoidable; the loop ends anyway
+          other[jj].expert = e;
         }
         const auto model_schedule = [&] {
           timed(kExperts, [&] { L.experts->forward_rows(xk.data(), ranges, K, yk.data()); });
