@@ -9,9 +9,11 @@
 //
 // Each parity is its own pass over k, so a tile needs only its rows × weight rows accumulators of 8 lanes and
 // can be 6 x rows × 2 weight rows (12 accumulators, 2 weights, 1 x and the mask: all 16 registers) instead of
-// 3 × 2 × 2 halves; every weight vector widened feeds 6 FMAs rather than 3. (3 weight rows × 4 x rows needs a
-// 17th register and ran at 77 GFLOP/s in L1 against 6 × 2's 107, one thread.) The odd pass reads the weight
-// rows again from cache. Include only from files compiled with the AVX2 flags.
+// 3 × 2 × 2 halves; every weight vector widened feeds 6 FMAs rather than 3. Tiles of up to 4 x rows (4 and 8
+// rows: batched decode) take 3 weight rows (12 accumulators, 3 weights, 1 x: the odd pass ANDs with the mask
+// in memory), since 4 × 2's 8 accumulators are just the FMA latency's worth and any stall shows. (3 weight
+// rows × 4 x rows with the mask in a register needs a 17th and ran at 77 GFLOP/s in L1 against 6 × 2's 107.)
+// The odd pass reads the weight rows again from cache. Include only from files compiled with the AVX2 flags.
 #pragma once
 #include <immintrin.h>
 
@@ -28,7 +30,15 @@
 namespace xmoe::kernels::avx2::bf16_pairs {
 
 constexpr int kTileRows = 6;
-constexpr int kGroupRows = 2;  // weight rows per tile
+constexpr int kGroupRows = 2;        // weight rows per tile of 5 or 6 x rows
+constexpr int kNarrowGroupRows = 3;  // per tile of up to 4 x rows
+// One thread capped at AVX2 on Zen 4 (`xmoe linear-bench --threads 1 --clock thread --isa avx2 --rows 4,8`,
+// alternated builds), GFLOP/s with 2 weight rows → 3: 1536 × 2048 at 4 rows 71-73 → 83-84, 8 rows 80-83 →
+// 88-90; 2048 × 768 at 8 rows 70-71 → 77-80; 2048 × 4096 at 8 rows 78-81 → 86-87. Tiles of at most 4 rows
+// for 8 rows and more too (16 as 4 × 4 instead of 6 + 5 + 5) gained nothing.
+inline int64_t group_rows(int64_t h) {
+  return h <= 4 ? kNarrowGroupRows : kGroupRows;
+}
 
 // Whether m x rows of k columns run here rather than in the panel GEMM (linear_panels_avx2.hpp): from 4 rows
 // while the packed x rows fit in 1 MiB (each set of weight rows reads them all again, at 2 bytes per FMA).
@@ -89,6 +99,10 @@ inline void pack_x(const float* x, int64_t ldx, int64_t m, int64_t k, float* out
   }
 }
 
+// The odd elements' mask, for tiles with no register left for it.
+alignas(32) inline constexpr uint32_t kHighHalves[8] = {0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u,
+                                                        0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u, 0xFFFF0000u};
+
 // One parity's pass of an MR × NR tile over steps [s0, s1): x rows at xs (row i of step s at xs + (s · MR +
 // i) · 8), weight row j's step s at w + j · ldw + 16 s for s < full, and step `full` (when it is below s1: k
 // has a tail) the zero-padded tail at tail + 16 j. The 8-lane accumulators start at zero when s0 is 0 and
@@ -108,8 +122,16 @@ void tile(const float* xs, const uint16_t* w, int64_t ldw, int64_t s0, int64_t s
     __m256 wv[NR];
 #pragma GCC unroll 4
     for (int j = 0; j < NR; ++j) {
-      const __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws[j]));
-      wv[j] = _mm256_castsi256_ps(Parity == 0 ? _mm256_slli_epi32(words, 16) : _mm256_and_si256(words, high));
+      __m256i words = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws[j]));
+      if constexpr (Parity == 0) {
+        words = _mm256_slli_epi32(words, 16);
+      } else if constexpr (MR * NR + NR + 1 >= 16) {
+        // No register left for the mask: AND with it in memory.
+        asm("vpand %1, %0, %0" : "+x"(words) : "m"(kHighHalves));
+      } else {
+        words = _mm256_and_si256(words, high);
+      }
+      wv[j] = _mm256_castsi256_ps(words);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
@@ -139,7 +161,7 @@ void tile(const float* xs, const uint16_t* w, int64_t ldw, int64_t s0, int64_t s
 
 using TileFn = void (*)(const float*, const uint16_t*, int64_t, int64_t, int64_t, int64_t, const uint16_t*,
                         float*, const char*, int64_t);
-// tile<MR, NR, Parity> as kTileFns[NR - 1][Parity][MR].
+// tile<MR, NR, Parity> as kTileFns[NR - 1][Parity][MR] (NR = 3 for MR ≤ 4 only).
 template <int NR, int Parity>
 constexpr TileFn kTileRow[kTileRows + 1] = {nullptr,
                                             tile<1, NR, Parity>,
@@ -148,10 +170,16 @@ constexpr TileFn kTileRow[kTileRows + 1] = {nullptr,
                                             tile<4, NR, Parity>,
                                             tile<5, NR, Parity>,
                                             tile<6, NR, Parity>};
-constexpr const TileFn* kTileFns[2][2] = {{kTileRow<1, 0>, kTileRow<1, 1>}, {kTileRow<2, 0>, kTileRow<2, 1>}};
+template <int Parity>
+constexpr TileFn kNarrowTileRow[kTileRows + 1] = {
+    nullptr, tile<1, 3, Parity>, tile<2, 3, Parity>, tile<3, 3, Parity>, tile<4, 3, Parity>, nullptr,
+    nullptr};
+constexpr const TileFn* kTileFns[3][2] = {{kTileRow<1, 0>, kTileRow<1, 1>},
+                                          {kTileRow<2, 0>, kTileRow<2, 1>},
+                                          {kNarrowTileRow<0>, kNarrowTileRow<1>}};
 
 // Weight rows [0, rows) (rows ≤ kSetRows) against all m packed x rows. The x tiles are outermost: a tile's
-// rows of one parity (6 rows × k/2 floats, 24 KiB at k = 2048) stay in L1 while every pair of weight rows in
+// rows of one parity (6 rows × k/2 floats, 24 KiB at k = 2048) stay in L1 while every group of weight rows in
 // the set (16 rows × k, 64 KiB of bf16, in L2 after the first tile) runs over them, so the loads from L2 are
 // the weights', 32 bytes per 6 FMAs. Streaming all m x rows past each pair instead takes 32 bytes per 2 FMAs
 // from L2: on Sapphire Rapids that ran as fast (its L2 feeds 64 bytes a cycle), but it is Zen 3's whole
@@ -178,30 +206,32 @@ inline void set_of_rows(const float* xp, int64_t m, int64_t k, const uint16_t* w
     for (int64_t j = 0; j < rows; ++j)
       std::memcpy(tail[j], w + j * ldw + full * 16, static_cast<size_t>(k - full * 16) * sizeof(uint16_t));
   }
-  const int64_t groups = (rows + kGroupRows - 1) / kGroupRows;
+  const auto groups_of = [&](int64_t h) { return (rows + group_rows(h) - 1) / group_rows(h); };
   // Steps per pass of a tile of h rows (8 floats a row and step): all of them, or equal blocks.
   const auto block_steps = [&](int64_t h) {
     return units_per_block(steps, h * 8 * int64_t(sizeof(float)), kTileWholeBytes, kTileBlockBytes);
   };
   int64_t passes = 0;
   for (int64_t t = 0; t < tile_count(m); ++t) {
-    const int64_t bs = block_steps(tile_start(m, t + 1) - tile_start(m, t));
-    passes += (steps + bs - 1) / bs * 2 * groups;
+    const int64_t h = tile_start(m, t + 1) - tile_start(m, t), bs = block_steps(h);
+    passes += (steps + bs - 1) / bs * 2 * groups_of(h);
   }
-  alignas(32) float acc[2][kSetRows / kGroupRows][kTileRows * kGroupRows * 8];
+  // Each group's accumulators (at most 12 of 8 lanes: 6 × 2 or 4 × 3), for both parities.
+  alignas(32) float acc[2][(kSetRows + 1) / 2][kTileRows * kGroupRows * 8];
   for (int64_t t = 0, pass = 0; t < tile_count(m); ++t) {
     const int64_t i0 = tile_start(m, t), h = tile_start(m, t + 1) - i0, bs = block_steps(h);
+    const int64_t gr = group_rows(h), groups = groups_of(h);
     for (int64_t s0 = 0; s0 < steps; s0 += bs)
       for (int parity = 0; parity < 2; ++parity)
         for (int64_t g = 0; g < groups; ++g, ++pass) {
-          const int64_t j0 = g * kGroupRows, nr = std::min<int64_t>(kGroupRows, rows - j0);
+          const int64_t j0 = g * gr, nr = std::min(gr, rows - j0);
           const WeightSpan ahead = share_of(next, next_bytes, pass, passes);
           kTileFns[nr - 1][parity][h](xp + (parity * m + i0) * steps * 8, w + j0 * ldw, ldw, s0,
                                       std::min(steps, s0 + bs), full, tail[j0], acc[parity][g], ahead.data,
                                       ahead.bytes);
         }
     for (int64_t g = 0; g < groups; ++g) {
-      const int64_t j0 = g * kGroupRows, nr = std::min<int64_t>(kGroupRows, rows - j0);
+      const int64_t j0 = g * gr, nr = std::min(gr, rows - j0);
       for (int64_t i = 0; i < h; ++i)
         for (int64_t j = 0; j < nr; ++j)
           y[(i0 + i) * ldy + j0 + j] = reduce_pairs(_mm256_load_ps(acc[0][g] + (i * nr + j) * 8),
