@@ -121,8 +121,13 @@ int main(int argc, char** argv) {
     if (info_cmd->parsed()) {
       const auto f = xmoe::kernels::detect_cpu_features();
       std::printf(
-          "cpu features: %s\nL2 per core: %lld KiB\nkernel level: %s\nopenmp threads: %d\nopenmp wait: %s\n",
-          f.str().c_str(), static_cast<long long>(f.l2_bytes / 1024),
+          "cpu features: %s\n"
+          "cpu vendor: %s\n"
+          "L2 per core: %lld KiB\n"
+          "kernel level: %s\n"
+          "openmp threads: %d\n"
+          "openmp wait: %s\n",
+          f.str().c_str(), f.amd ? "AMD" : "not AMD", static_cast<long long>(f.l2_bytes / 1024),
           xmoe::kernels::isa_name(xmoe::kernels::best_isa(f)), omp_get_max_threads(),
           xmoe::app::openmp_wait_description().c_str());
       return 0;

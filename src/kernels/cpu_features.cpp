@@ -4,6 +4,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cstring>
+
 #include "xmoe/error.hpp"
 
 namespace xmoe::kernels {
@@ -37,6 +39,13 @@ CpuFeatures detect_cpu_features() {
   CpuFeatures f;
   f.l2_bytes = l2_cache_bytes();
   unsigned a, b, c, d;
+  if (__get_cpuid(0, &a, &b, &c, &d)) {
+    char vendor[12];
+    std::memcpy(vendor, &b, 4);
+    std::memcpy(vendor + 4, &d, 4);
+    std::memcpy(vendor + 8, &c, 4);
+    f.amd = std::memcmp(vendor, "AuthenticAMD", 12) == 0;
+  }
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
   const bool osxsave = (c >> 27) & 1;
   const bool avx = (c >> 28) & 1;

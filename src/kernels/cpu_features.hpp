@@ -17,6 +17,7 @@ struct CpuFeatures {
   bool amx_bf16 = false;
   bool amx_os_enabled = false;  // arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) succeeded
   int64_t l2_bytes = 0;         // one core's L2 (CPUID 0x80000006, Intel and AMD alike); 0: not reported
+  bool amd = false;  // CPUID vendor "AuthenticAMD" (kernel tables tuned on Zen 4; kernel_table.cpp)
 
   bool has_avx2() const { return avx2 && fma; }
   bool has_avx512() const { return avx512f && avx512bw && avx512vl && avx512dq; }

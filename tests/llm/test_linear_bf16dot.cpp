@@ -4,6 +4,7 @@
 //    the instruction is checked against the instruction itself);
 //  * the reference lies within f32 accumulation error of PyTorch's float64 product of the bf16-rounded
 //    operands (tools/make_bf16dot_fixture.py writes the fixture);
+//  * decode with and without its software prefetches (the AMD table's form) gives the same bits;
 //  * a row's outputs do not depend on the rest of the batch or the thread count;
 //  * a tiny Qwen3-MoE with BF16 weights run at medium stays within bf16-level tolerance of transformers' f32
 //    logits with the same greedy ids;
@@ -19,6 +20,7 @@
 
 #include "bf16_linear_cases.hpp"
 #include "cli_runner.hpp"
+#include "kernels/cpu/variants.hpp"
 #include "kernels/cpu_features.hpp"
 #include "kernels/kernels.hpp"
 #include "kernels/linear.hpp"
@@ -60,6 +62,27 @@ TEST(LinearBf16Dot, KernelMatchesReferenceBitForBit) {
         ++cases;
       }
   EXPECT_GT(cases, 300);
+}
+
+// Decode (1 to 3 x rows) with its software prefetches and without them (the table's choice on AMD): the
+// reference's bits either way, over enough rows of k = 2048 that the prefetches run ahead; the medium table
+// holds the form for the CPU's vendor.
+TEST(LinearBf16Dot, DecodeWithOrWithoutSoftwarePrefetchesKeepsTheBits) {
+  const KernelTable* fast = fast_medium_table();
+  if (!fast) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  const LinearFn ref = reference_medium_table().linear[size_t(WeightFormat::bf16)];
+  std::mt19937 rng(13);
+  for (LinearFn fn : {avx512_bf16::linear_bf16_medium, avx512_bf16::linear_bf16_medium_hardware_prefetch})
+    for (int64_t m : {1, 2, 3})
+      for (int64_t k : {33, 2048, 2100})
+        ASSERT_NO_FATAL_FAILURE(expect_same_bits_on_random_case(fn, ref, m, k, 40, 1, rng));
+  CpuFeatures features = detect_cpu_features();
+  for (bool amd : {false, true}) {
+    features.amd = amd;
+    EXPECT_EQ(
+        kernel_table(Isa::avx512_bf16, features, MatmulPrecision::medium).linear[size_t(WeightFormat::bf16)],
+        amd ? avx512_bf16::linear_bf16_medium_hardware_prefetch : avx512_bf16::linear_bf16_medium);
+  }
 }
 
 // Hand-made lanes whose result depends on each documented detail of VDPBF16PS; the kernel (the instruction)

@@ -154,9 +154,13 @@ const KernelTable& kernel_table(Isa isa, const CpuFeatures& features, MatmulPrec
   if (precision == MatmulPrecision::highest) return highest;
   static const KernelTable reference_medium =
       with_medium_bf16(reference_kernel_table(), reference::linear_bf16_medium);
-  static const KernelTable avx512_bf16_medium[2] = {
-      with_medium_bf16(make_avx512_bf16(false), avx512_bf16::linear_bf16_medium),
-      with_medium_bf16(make_avx512_bf16(true), avx512_bf16::linear_bf16_medium)};
+  // [L2 blocks][AMD]: AMD's decode streams its weights with the hardware prefetchers alone
+  // (linear_bf16dot_avx512_bf16.cpp).
+  static const KernelTable avx512_bf16_medium[2][2] = {
+      {with_medium_bf16(make_avx512_bf16(false), avx512_bf16::linear_bf16_medium),
+       with_medium_bf16(make_avx512_bf16(false), avx512_bf16::linear_bf16_medium_hardware_prefetch)},
+      {with_medium_bf16(make_avx512_bf16(true), avx512_bf16::linear_bf16_medium),
+       with_medium_bf16(make_avx512_bf16(true), avx512_bf16::linear_bf16_medium_hardware_prefetch)}};
   // AMX: BF16, FP8 and MXFP4 linears in TDPBF16PS's arithmetic (linear_bf16tile.hpp,
   // linear_quant_bf16tile.hpp).
   static const KernelTable amx_medium[2] = {
@@ -167,7 +171,7 @@ const KernelTable& kernel_table(Isa isa, const CpuFeatures& features, MatmulPrec
     case Isa::reference:
       return reference_medium;
     case Isa::avx512_bf16:
-      return avx512_bf16_medium[l2];
+      return avx512_bf16_medium[l2][features.amd ? 1 : 0];
     case Isa::amx:
       return amx_medium[l2];
     case Isa::avx2:

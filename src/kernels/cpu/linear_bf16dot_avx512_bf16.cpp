@@ -43,10 +43,19 @@ constexpr int64_t kAhead = 2;
 // do the same instead of 3-row groups: `xmoe linear-bench --threads 2 --isa avx512_bf16 --matmul-precision
 // medium --rows 2,3` on Sapphire Rapids, three alternated runs: 2 rows 25.6-26.5 → 28.0-30.9 GB/s, 3
 // rows 23.7-24.5 → 26.1-27.5.
+//
+// On AMD (Zen 4) the same one-row decode reads faster with no software prefetch at all: its rows follow one
+// another, one sequential stream per thread, which Zen 4's hardware prefetchers alone keep up with, as the
+// read probe's loop without prefetches (read_bandwidth.cpp) shows. `xmoe linear-bench --model DIR
+// --matmul-precision medium` on a 2-vCPU Zen 4, the two alternated 8 times: a decode step's weight ops
+// 86.9-92.5 % of the read probe (median 90.5) → 93.8-100.3 % (96) with the probe at 34-37 GB/s, 85 → 89 %
+// at 58-60 GB/s; `generate --measure-bandwidth` alternated 8 times, per-step median share at the probes
+// between steps 84.2-86.6 % → 89.8-92.5 % (34-38 GB/s), 79 → 82-84 % (62-67 GB/s). Sapphire Rapids was tuned
+// with the prefetches (the figures above), so the kernel table picks by vendor (kernel_table.cpp).
 constexpr int64_t kDecodeAheadBytes = 16 << 10;
 
 // The columns [n0, n1) for one chunk of packed x rows, NR weight rows at a time, then one at a time; each
-// group prefetches the rows `ahead_rows` on.
+// group prefetches the rows `ahead_rows` on (0: none).
 template <int NR>
 void chunk_columns(const uint16_t* xp, int64_t rows, int64_t steps, const bf16* w, int64_t ldw, int64_t k,
                    int64_t n0, int64_t n1, float* y, int64_t ldy, int64_t ahead_rows) {
@@ -57,15 +66,15 @@ void chunk_columns(const uint16_t* xp, int64_t rows, int64_t steps, const bf16* 
   int64_t j = n0;
   for (; j + NR <= n1; j += NR) {
     const int64_t ahead = std::min(n1, j + ahead_rows);
-    group<NR>(xp, rows, steps, w + j * ldw, ldw, k, y + j, ldy, row_ptr(ahead),
-              bytes_of_rows(ahead, std::min(n1, ahead + NR)));
+    group<NR>(xp, rows, steps, w + j * ldw, ldw, k, y + j, ldy, ahead_rows > 0 ? row_ptr(ahead) : nullptr,
+              ahead_rows > 0 ? bytes_of_rows(ahead, std::min(n1, ahead + NR)) : 0);
   }
   for (; j < n1; ++j) group<1>(xp, rows, steps, w + j * ldw, ldw, k, y + j, ldy, nullptr, 0);
 }
 
-}  // namespace
-
-void linear_bf16_medium(const LinearArgs& a) {
+// kDecodePrefetch: whether decode (up to 3 x rows) prefetches the weight rows ahead.
+template <bool kDecodePrefetch>
+void linear_bf16_medium_rows(const LinearArgs& a) {
   const bf16* w = reinterpret_cast<const bf16*>(a.w->data);
   const int64_t k = a.w->cols, ldw = a.w->row_bytes / 2, steps = (k + 31) / 32;
   const int64_t chunk = std::min(a.m, kChunkRows);
@@ -77,14 +86,24 @@ void linear_bf16_medium(const LinearArgs& a) {
     pack_x(a.x + c0 * a.ldx, a.ldx, rows, k, xp.get());
     float* y = a.y + c0 * a.ldy;
     if (rows <= 3)
-      chunk_columns<1>(xp.get(), rows, steps, w, ldw, k, a.n0, a.n1, y, a.ldy,
-                       std::max<int64_t>(1, (kDecodeAheadBytes + ldw * 2 - 1) / (ldw * 2)));
+      chunk_columns<1>(
+          xp.get(), rows, steps, w, ldw, k, a.n0, a.n1, y, a.ldy,
+          kDecodePrefetch ? std::max<int64_t>(1, (kDecodeAheadBytes + ldw * 2 - 1) / (ldw * 2)) : 0);
     else if (tile_rows(rows, steps) == kWideTileRows)
       chunk_columns<kWideGroupCols>(xp.get(), rows, steps, w, ldw, k, a.n0, a.n1, y, a.ldy,
                                     kAhead * kWideGroupCols);
     else
       chunk_columns<kGroupCols>(xp.get(), rows, steps, w, ldw, k, a.n0, a.n1, y, a.ldy, kAhead * kGroupCols);
   }
+}
+
+}  // namespace
+
+void linear_bf16_medium(const LinearArgs& a) {
+  linear_bf16_medium_rows<true>(a);
+}
+void linear_bf16_medium_hardware_prefetch(const LinearArgs& a) {
+  linear_bf16_medium_rows<false>(a);
 }
 
 }  // namespace xmoe::kernels::avx512_bf16
