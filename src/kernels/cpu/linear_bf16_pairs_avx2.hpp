@@ -161,22 +161,25 @@ void tile(const float* xs, const uint16_t* w, int64_t ldw, int64_t s0, int64_t s
 
 using TileFn = void (*)(const float*, const uint16_t*, int64_t, int64_t, int64_t, int64_t, const uint16_t*,
                         float*, const char*, int64_t);
-// tile<MR, NR, Parity> as kTileFns[NR - 1][Parity][MR] (NR = 3 for MR ≤ 4 only).
+// tile<MR, NR, Parity> as kTileFns[NR - 1][Parity][MR]; none past 12 accumulators (3 weight rows: up to 4 x
+// rows, group_rows).
+template <int MR, int NR, int Parity>
+constexpr TileFn tile_fn() {
+  if constexpr (MR * NR > kTileRows * kGroupRows)
+    return nullptr;
+  else
+    return tile<MR, NR, Parity>;
+}
 template <int NR, int Parity>
 constexpr TileFn kTileRow[kTileRows + 1] = {nullptr,
-                                            tile<1, NR, Parity>,
-                                            tile<2, NR, Parity>,
-                                            tile<3, NR, Parity>,
-                                            tile<4, NR, Parity>,
-                                            tile<5, NR, Parity>,
-                                            tile<6, NR, Parity>};
-template <int Parity>
-constexpr TileFn kNarrowTileRow[kTileRows + 1] = {
-    nullptr, tile<1, 3, Parity>, tile<2, 3, Parity>, tile<3, 3, Parity>, tile<4, 3, Parity>, nullptr,
-    nullptr};
-constexpr const TileFn* kTileFns[3][2] = {{kTileRow<1, 0>, kTileRow<1, 1>},
-                                          {kTileRow<2, 0>, kTileRow<2, 1>},
-                                          {kNarrowTileRow<0>, kNarrowTileRow<1>}};
+                                            tile_fn<1, NR, Parity>(),
+                                            tile_fn<2, NR, Parity>(),
+                                            tile_fn<3, NR, Parity>(),
+                                            tile_fn<4, NR, Parity>(),
+                                            tile_fn<5, NR, Parity>(),
+                                            tile_fn<6, NR, Parity>()};
+constexpr const TileFn* kTileFns[kNarrowGroupRows][2] = {
+    {kTileRow<1, 0>, kTileRow<1, 1>}, {kTileRow<2, 0>, kTileRow<2, 1>}, {kTileRow<3, 0>, kTileRow<3, 1>}};
 
 // Weight rows [0, rows) (rows ≤ kSetRows) against all m packed x rows. The x tiles are outermost: a tile's
 // rows of one parity (6 rows × k/2 floats, 24 KiB at k = 2048) stay in L1 while every group of weight rows in
@@ -217,7 +220,7 @@ inline void set_of_rows(const float* xp, int64_t m, int64_t k, const uint16_t* w
     passes += (steps + bs - 1) / bs * 2 * groups_of(h);
   }
   // Each group's accumulators (at most 12 of 8 lanes: 6 × 2 or 4 × 3), for both parities.
-  alignas(32) float acc[2][(kSetRows + 1) / 2][kTileRows * kGroupRows * 8];
+  alignas(32) float acc[2][(kSetRows + kGroupRows - 1) / kGroupRows][kTileRows * kGroupRows * 8];
   for (int64_t t = 0, pass = 0; t < tile_count(m); ++t) {
     const int64_t i0 = tile_start(m, t), h = tile_start(m, t + 1) - i0, bs = block_steps(h);
     const int64_t gr = group_rows(h), groups = groups_of(h);
