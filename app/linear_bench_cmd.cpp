@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
 #include <random>
 #include <vector>
@@ -14,14 +13,12 @@
 #include "kernels/cpu_features.hpp"
 #include "kernels/kernels.hpp"
 #include "kernels/linear.hpp"
-#include "kernels/quant/quantize.hpp"
 #include "kernels/read_bandwidth.hpp"
 #include "linear_rows_bench.hpp"
 #include "matmul_precision_option.hpp"
 #include "stats.hpp"
 #include "util/clock.hpp"
 #include "weight_copies.hpp"
-#include "xmoe/dtype.hpp"
 #include "xmoe/error.hpp"
 
 namespace xmoe::app {
@@ -31,48 +28,11 @@ namespace {
 using kernels::PackedWeight;
 using kernels::WeightFormat;
 
-// One weight matrix in a format, with its bytes owned here.
-struct OwnedWeight {
-  std::vector<uint8_t> data, scales;
-  PackedWeight view;
-};
-
-OwnedWeight make_weight(WeightFormat f, const std::vector<float>& w, int64_t rows, int64_t cols) {
-  OwnedWeight o;
-  if (f == WeightFormat::bf16) {
-    o.data.resize(static_cast<size_t>(rows * cols) * 2);
-    for (int64_t i = 0; i < rows * cols; ++i) {
-      const uint16_t b = bf16::from_float(w[i]);
-      std::memcpy(o.data.data() + 2 * i, &b, 2);
-    }
-    o.view.format = f;
-    o.view.rows = rows;
-    o.view.cols = cols;
-    o.view.row_bytes = cols * 2;
-  } else {
-    kernels::quant::QuantizedMatrix q =
-        f == WeightFormat::fp8_block ? kernels::quant::quantize_fp8_block(w.data(), rows, cols)
-        : f == WeightFormat::mxfp4   ? kernels::quant::quantize_mxfp4(w.data(), rows, cols)
-                                     : kernels::quant::quantize_nvfp4(w.data(), rows, cols);
-    o.view = q.view();
-    o.data = std::move(q.data);
-    o.scales = std::move(q.scales);
-  }
-  o.view.data = reinterpret_cast<const std::byte*>(o.data.data());
-  o.view.scales = o.scales.empty() ? nullptr : reinterpret_cast<const std::byte*>(o.scales.data());
-  return o;
-}
-
 // Seconds on the chosen clock: wall time, or the calling thread's CPU time (one thread: on a loaded machine
 // the time the kernel actually ran, not the time it waited for a core).
 double clock_seconds(bool thread_cpu) {
   return thread_cpu ? cpu_seconds(CLOCK_THREAD_CPUTIME_ID) : wall_seconds();
 }
-
-struct Shape {
-  const char* what;
-  int64_t n, k;
-};
 
 }  // namespace
 
@@ -142,15 +102,13 @@ int run_linear_bench(const LinearBenchOptions& o) {
   const double probe_before = kernels::measure_read_bandwidth_gbs();
   std::printf("read-bandwidth probe: %.2f GB/s\n", probe_before);
 
-  const Shape shapes[] = {
-      {"expert down", 2048, 768}, {"expert gate/up", 768, 2048}, {"attention q", 4096, 2048}};
   const WeightFormat formats[] = {WeightFormat::bf16, WeightFormat::fp8_block, WeightFormat::mxfp4,
                                   WeightFormat::nvfp4};
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 0.02f);
   std::printf("\n%-15s %-10s %12s %10s %9s %10s %14s %10s\n", "shape N x K", "format", "bytes/matrix",
               "decode GB/s", "of probe", "cached GB/s", "prefill GFLOP/s", "vs bf16");
-  for (const Shape& s : shapes) {
+  for (const BenchShape& s : kBenchShapes) {
     std::vector<float> w(static_cast<size_t>(s.n * s.k));
     for (auto& v : w) v = normal(rng);
     std::vector<float> x(static_cast<size_t>(o.prefill_rows * s.k)),

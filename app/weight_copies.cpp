@@ -5,7 +5,36 @@
 #include <fstream>
 #include <string>
 
+#include "kernels/quant/quantize.hpp"
+#include "xmoe/dtype.hpp"
+
 namespace xmoe::app {
+
+OwnedWeight make_weight(kernels::WeightFormat f, const std::vector<float>& w, int64_t rows, int64_t cols) {
+  OwnedWeight o;
+  if (f == kernels::WeightFormat::bf16) {
+    o.data.resize(static_cast<size_t>(rows * cols) * 2);
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const uint16_t b = bf16::from_float(w[i]);
+      std::memcpy(o.data.data() + 2 * i, &b, 2);
+    }
+    o.view.format = f;
+    o.view.rows = rows;
+    o.view.cols = cols;
+    o.view.row_bytes = cols * 2;
+  } else {
+    kernels::quant::QuantizedMatrix q =
+        f == kernels::WeightFormat::fp8_block ? kernels::quant::quantize_fp8_block(w.data(), rows, cols)
+        : f == kernels::WeightFormat::mxfp4   ? kernels::quant::quantize_mxfp4(w.data(), rows, cols)
+                                              : kernels::quant::quantize_nvfp4(w.data(), rows, cols);
+    o.view = q.view();
+    o.data = std::move(q.data);
+    o.scales = std::move(q.scales);
+  }
+  o.view.data = reinterpret_cast<const std::byte*>(o.data.data());
+  o.view.scales = o.scales.empty() ? nullptr : reinterpret_cast<const std::byte*>(o.scales.data());
+  return o;
+}
 
 size_t stream_bytes_beyond_caches(size_t at_least) {
   size_t largest = 0;

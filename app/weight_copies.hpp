@@ -4,12 +4,29 @@
 // 26.4 GB/s where 2 MiB pages gave 35.0-35.6 (2 threads, `linear-bench --matmul-precision medium`).
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/packed_weight.hpp"
 #include "util/huge_buffer.hpp"
 
 namespace xmoe::app {
+
+// The kernel benchmarks' matrix shapes (N × K), Qwen3-30B-A3B's.
+struct BenchShape {
+  const char* what;
+  int64_t n, k;
+};
+inline constexpr BenchShape kBenchShapes[] = {
+    {"expert down", 2048, 768}, {"expert gate/up", 768, 2048}, {"attention q", 4096, 2048}};
+
+// One weight matrix in a format (BF16, or quantized as the checkpoint writers quantize), its bytes owned
+// here.
+struct OwnedWeight {
+  std::vector<uint8_t> data, scales;
+  kernels::PackedWeight view;
+};
+OwnedWeight make_weight(kernels::WeightFormat f, const std::vector<float>& w, int64_t rows, int64_t cols);
 
 struct WeightCopies {
   HugeBuffer memory;
