@@ -18,6 +18,7 @@
 #include "matmul_precision_option.hpp"
 #include "stats.hpp"
 #include "util/clock.hpp"
+#include "vendor_forms_bench.hpp"
 #include "weight_copies.hpp"
 #include "xmoe/error.hpp"
 
@@ -70,6 +71,9 @@ CLI::App* add_linear_bench_subcommand(CLI::App& app, LinearBenchOptions& o) {
   cmd->add_option("--madvise", o.madvise, "with --model: advice on the mapped weights first")
       ->check(CLI::IsMember({"none", "hugepage", "sequential", "willneed"}))
       ->capture_default_str();
+  cmd->add_flag("--vendor-forms", o.vendor_forms,
+                "instead: batch-1 decode in the forms the kernel table takes for AMD CPUs and for others "
+                "(with --matmul-precision medium), passes alternated beside a read probe, on this CPU");
   add_matmul_precision_option(cmd, o.matmul_precision);
   return cmd;
 }
@@ -94,6 +98,12 @@ int run_linear_bench(const LinearBenchOptions& o) {
     p.madvise = o.madvise;
     p.thread_clock = thread_clock;
     return run_decode_profile(table, p);
+  }
+  if (o.vendor_forms) {
+    run_vendor_forms_bench(table.isa, features, table.precision, o.reps,
+                           o.stream_mb > 0 ? static_cast<size_t>(o.stream_mb) << 20
+                                           : stream_bytes_beyond_caches(size_t{512} << 20));
+    return 0;
   }
   if (!o.rows.empty()) {
     run_linear_rows_bench(table, features, o.threads, o.reps, o.rows);

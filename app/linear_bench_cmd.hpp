@@ -18,6 +18,8 @@ struct LinearBenchOptions {
   std::vector<int64_t> rows;   // non-empty: the row sweep of linear_rows_bench.hpp instead
   std::string model;           // non-empty: the per-op decode-step profile of decode_profile.hpp instead
   std::string madvise = "none";
+  bool vendor_forms =
+      false;  // the table's per-vendor kernel forms side by side instead (vendor_forms_bench.hpp)
   std::string matmul_precision = "highest";  // highest | medium (bf16 products, as generate's option)
 };
 
