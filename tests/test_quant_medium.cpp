@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/linear_quant_bf16dot.hpp"
 #include "kernels/cpu/linear_quant_bf16dot_panel_avx512_bf16.hpp"
 #include "kernels/cpu/linear_quant_bf16tile.hpp"
 #include "kernels/kernels.hpp"
@@ -67,16 +68,27 @@ std::vector<int64_t> panel_row_counts(WeightFormat f) {
   return {t - 1, t, t + 1, 130};
 }
 
+// The AVX512-BF16 kernel for format f with the decode tiles the table takes on Intel CPUs (wide: on AMD).
+LinearFn avx512_bf16_kernel(WeightFormat f, bool wide) {
+  if (f == WeightFormat::fp8_block)
+    return wide ? avx512_bf16::linear_fp8_block_medium_wide_decode : avx512_bf16::linear_fp8_block_medium;
+  if (f == WeightFormat::mxfp4)
+    return wide ? avx512_bf16::linear_mxfp4_medium_wide_decode : avx512_bf16::linear_mxfp4_medium;
+  return wide ? avx512_bf16::linear_nvfp4_medium_wide_decode : avx512_bf16::linear_nvfp4_medium;
+}
+
 // The kernels for format f of every vector level this CPU has, each once (the AMX level keeps the
-// AVX512-BF16 kernel of NVFP4); empty where it has no AVX512-BF16.
+// AVX512-BF16 kernel of NVFP4), the AVX512-BF16 level's in both its forms (decode tiles by vendor, the one
+// this CPU's table takes first); empty where it has no AVX512-BF16.
 std::vector<FastKernel> fast_kernels(WeightFormat f) {
   const CpuFeatures features = detect_cpu_features();
   std::vector<FastKernel> out;
   if (!isa_supported(features, Isa::avx512_bf16)) return out;
   const auto slot = static_cast<size_t>(f);
-  out.push_back({"avx512_bf16", Isa::avx512_bf16,
-                 kernel_table(Isa::avx512_bf16, features, MatmulPrecision::medium).linear[slot],
-                 medium_reference().linear[slot], panel_row_counts(f), panel_row_counts(f)[2]});
+  for (const bool wide : {features.amd, !features.amd})
+    out.push_back({wide ? "avx512_bf16 wide decode" : "avx512_bf16", Isa::avx512_bf16,
+                   avx512_bf16_kernel(f, wide), medium_reference().linear[slot], panel_row_counts(f),
+                   panel_row_counts(f)[2]});
   if (isa_supported(features, Isa::amx) && f != WeightFormat::nvfp4) {
     const bool fp8 = f == WeightFormat::fp8_block;
     const int64_t t = fp8 ? amx::kFp8TileDecodeRows : amx::kMxfp4TileDecodeRows;
@@ -128,11 +140,25 @@ TEST(QuantMedium, TableHasMediumQuantLinears) {
   if (isa_supported(features, Isa::amx)) {  // on tiles: another arithmetic than the AVX512-BF16 level's
     for (const WeightFormat f : {WeightFormat::fp8_block, WeightFormat::mxfp4}) {
       const std::vector<FastKernel> kernels = fast_kernels(f);
-      ASSERT_EQ(kernels.size(), 2u);
-      EXPECT_NE(kernels[1].kernel, kernels[0].kernel) << weight_format_name(f);
+      ASSERT_EQ(kernels.size(), 3u);
+      EXPECT_NE(kernels[2].kernel, kernels[0].kernel) << weight_format_name(f);
+      EXPECT_NE(kernels[2].kernel, kernels[1].kernel) << weight_format_name(f);
     }
     EXPECT_EQ(kernel_table(Isa::amx, features, MatmulPrecision::medium).linear[int(WeightFormat::nvfp4)],
-              fast_kernels(WeightFormat::nvfp4).at(0).kernel);
+              avx512_bf16::linear_nvfp4_medium);
+  }
+}
+
+// The AVX512-BF16 medium table takes the wide decode tiles on AMD and the others elsewhere.
+TEST(QuantMedium, TableTakesTheDecodeTilesOfTheCpusVendor) {
+  CpuFeatures features = detect_cpu_features();
+  if (!isa_supported(features, Isa::avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  for (const bool amd : {false, true}) {
+    features.amd = amd;
+    const KernelTable& t = kernel_table(Isa::avx512_bf16, features, MatmulPrecision::medium);
+    for (const WeightFormat f : {WeightFormat::fp8_block, WeightFormat::mxfp4, WeightFormat::nvfp4})
+      EXPECT_EQ(t.linear[static_cast<size_t>(f)], avx512_bf16_kernel(f, amd))
+          << weight_format_name(f) << (amd ? " on AMD" : " elsewhere");
   }
 }
 
@@ -541,8 +567,8 @@ TEST(QuantMedium, AnyThreadCountGivesTheReferenceBits) {
   const int saved = omp_get_max_threads();
   for (const WeightFormat f : {WeightFormat::fp8_block, WeightFormat::mxfp4, WeightFormat::nvfp4})
     for (const FastKernel& fast : fast_kernels(f)) {
-      const KernelTable& table = kernel_table(fast.isa, features, MatmulPrecision::medium);
-      ASSERT_EQ(table.linear[static_cast<int>(f)], fast.kernel);
+      KernelTable table = kernel_table(fast.isa, features, MatmulPrecision::medium);
+      table.linear[static_cast<int>(f)] = fast.kernel;
       const int64_t n = 150, k = f == WeightFormat::fp8_block ? 1000 : 1024;
       const QuantizedMatrix q = quantize(f, random_values(static_cast<size_t>(n * k), rng, 0.05f), n, k);
       const PackedWeight w = q.view();

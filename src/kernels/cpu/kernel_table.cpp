@@ -91,19 +91,23 @@ KernelTable make_amx(bool l2_blocks) {
   return t;
 }
 
-// The same table with BF16 linears at the medium precision.
-KernelTable with_medium_bf16(KernelTable t, LinearFn linear_bf16_medium) {
+// The same table with BF16 linears at the medium precision. `amd`: the AVX512-BF16 quantized linears' decode
+// tiles tuned on Zen 4 (linear_quant_bf16dot_avx512_bf16.cpp).
+KernelTable with_medium_bf16(KernelTable t, LinearFn linear_bf16_medium, bool amd = false) {
   t.precision = MatmulPrecision::medium;
   t.linear[size_t(WeightFormat::bf16)] = linear_bf16_medium;
   // Block-quantized weights at medium: bf16 products of the codes, scales on x (FP8), on the codes (MXFP4) or
   // on the f32 partial sums (NVFP4).
   const bool emulated = t.isa == Isa::reference;
-  t.linear[size_t(WeightFormat::fp8_block)] =
-      emulated ? reference::linear_fp8_block_medium : avx512_bf16::linear_fp8_block_medium;
-  t.linear[size_t(WeightFormat::mxfp4)] =
-      emulated ? reference::linear_mxfp4_medium : avx512_bf16::linear_mxfp4_medium;
-  t.linear[size_t(WeightFormat::nvfp4)] =
-      emulated ? reference::linear_nvfp4_medium : avx512_bf16::linear_nvfp4_medium;
+  t.linear[size_t(WeightFormat::fp8_block)] = emulated ? reference::linear_fp8_block_medium
+                                              : amd    ? avx512_bf16::linear_fp8_block_medium_wide_decode
+                                                       : avx512_bf16::linear_fp8_block_medium;
+  t.linear[size_t(WeightFormat::mxfp4)] = emulated ? reference::linear_mxfp4_medium
+                                          : amd    ? avx512_bf16::linear_mxfp4_medium_wide_decode
+                                                   : avx512_bf16::linear_mxfp4_medium;
+  t.linear[size_t(WeightFormat::nvfp4)] = emulated ? reference::linear_nvfp4_medium
+                                          : amd    ? avx512_bf16::linear_nvfp4_medium_wide_decode
+                                                   : avx512_bf16::linear_nvfp4_medium;
   return t;
 }
 
@@ -154,13 +158,14 @@ const KernelTable& kernel_table(Isa isa, const CpuFeatures& features, MatmulPrec
   if (precision == MatmulPrecision::highest) return highest;
   static const KernelTable reference_medium =
       with_medium_bf16(reference_kernel_table(), reference::linear_bf16_medium);
-  // [L2 blocks][AMD]: AMD's decode streams its weights with the hardware prefetchers alone
-  // (linear_bf16dot_avx512_bf16.cpp).
+  // [L2 blocks][AMD]: AMD's decode streams BF16 weights with the hardware prefetchers alone
+  // (linear_bf16dot_avx512_bf16.cpp) and quantized ones in wider tiles
+  // (linear_quant_bf16dot_avx512_bf16.cpp).
   static const KernelTable avx512_bf16_medium[2][2] = {
       {with_medium_bf16(make_avx512_bf16(false), avx512_bf16::linear_bf16_medium),
-       with_medium_bf16(make_avx512_bf16(false), avx512_bf16::linear_bf16_medium_hardware_prefetch)},
+       with_medium_bf16(make_avx512_bf16(false), avx512_bf16::linear_bf16_medium_hardware_prefetch, true)},
       {with_medium_bf16(make_avx512_bf16(true), avx512_bf16::linear_bf16_medium),
-       with_medium_bf16(make_avx512_bf16(true), avx512_bf16::linear_bf16_medium_hardware_prefetch)}};
+       with_medium_bf16(make_avx512_bf16(true), avx512_bf16::linear_bf16_medium_hardware_prefetch, true)}};
   // AMX: BF16, FP8 and MXFP4 linears in TDPBF16PS's arithmetic (linear_bf16tile.hpp,
   // linear_quant_bf16tile.hpp).
   static const KernelTable amx_medium[2] = {

@@ -48,6 +48,10 @@ namespace avx512_bf16 {
 void linear_fp8_block_medium(const LinearArgs& args);
 void linear_mxfp4_medium(const LinearArgs& args);
 void linear_nvfp4_medium(const LinearArgs& args);
+// The same with wider decode tiles, more weight rows a tile at 1-2 x rows (AMD: see the .cpp); same bits.
+void linear_fp8_block_medium_wide_decode(const LinearArgs& args);
+void linear_mxfp4_medium_wide_decode(const LinearArgs& args);
+void linear_nvfp4_medium_wide_decode(const LinearArgs& args);
 }  // namespace avx512_bf16
 
 }  // namespace xmoe::kernels

@@ -214,18 +214,34 @@ void stream_shape(const LinearArgs& a, int64_t n0, int64_t n1, const Tile& tile)
   for (; n < n1; ++n) run_tiles.template operator()<1>(n);
 }
 
-// Decode (m ≤ 2): Tile::kDecodeRows weight rows (FP4 4, FP8 2) against one tile of the x rows. From 3 rows: 2
-// weight rows against tiles of up to 4 x rows, so each weight vector decoded feeds twice the products. Both
-// keep their partial sums, accumulators, weights and multipliers in the 32 vector registers; the shape
-// changes no bit. 3 rows ran as the decode shape's tiles of 2 + 1 rows, decoding every weight twice; as one
-// tile of 3 (one thread, `linear-bench --threads 1 --clock thread --matmul-precision medium --prefill-rows
-// 3`, 768 × 2048): FP8 95 → 131, MXFP4 120 → 133, NVFP4 117 → 146 GFLOP/s; at 2 rows the decode shape stays
-// ahead (FP8 110 vs 107, MXFP4 140 vs 96-105, NVFP4 132 vs 121). Columns [n0, n1).
+// Decode (m ≤ 2): Tile::kDecodeRows weight rows (FP4 4, FP8 2), or Tile::kWideDecodeRows where the tile
+// says `wide`, against one tile of the x rows. From 3 rows: 2 weight rows against tiles of up to 4 x rows, so
+// each weight vector decoded feeds twice the products. All keep their partial sums, accumulators, weights and
+// multipliers in the 32 vector registers; the shape changes no bit. 3 rows ran as the decode shape's tiles of
+// 2 + 1 rows, decoding every weight twice; as one tile of 3 (one thread, `linear-bench --threads 1 --clock
+// thread --matmul-precision medium --prefill-rows 3`, 768 × 2048): FP8 95 → 131, MXFP4 120 → 133, NVFP4 117 →
+// 146 GFLOP/s; at 2 rows the decode shape stays ahead (FP8 110 vs 107, MXFP4 140 vs 96-105, NVFP4 132 vs
+// 121). Columns [n0, n1).
 template <class Tile>
 void stream(const LinearArgs& a, int64_t n0, int64_t n1, const Tile& tile) {
-  if (a.m <= 2) return stream_shape<2, Tile::kDecodeRows>(a, n0, n1, tile);
+  if (a.m <= 2) {
+    if (tile.wide) return stream_shape<2, Tile::kWideDecodeRows>(a, n0, n1, tile);
+    return stream_shape<2, Tile::kDecodeRows>(a, n0, n1, tile);
+  }
   stream_shape<4, 2>(a, n0, n1, tile);
 }
+
+// The decode tiles' widths differ by CPU (kernel_table picks the form by vendor): the ones above were tuned
+// on Sapphire Rapids. On Zen 4 (2 vCPUs) they ran short over weight rows of under 1 KiB (the experts' down
+// projection, k = 768): a tile then ends every 1.5 KiB of its 2 streams (FP8) or 4 (FP4), and its reductions
+// and set-up between the reads cost more than the stream allows (one thread decoding FP8 from L2: 2 weight
+// rows a tile ~31 GB/s, 4 rows ~37). So the wide form takes twice the weight rows there: FP8 4 (at 1-2 x
+// rows), FP4 8 (at 1 x row; at 2, 8 rows spill: MXFP4 67 % of the probe against 74 %). `xmoe linear-bench
+// --matmul-precision medium --vendor-forms`, 5 runs of 7-11 passes, 2048 × 768: FP8 1.10-1.29x the narrow
+// tiles' GB/s (77-85 % → 85 % of the probe at 31-34 GB/s), MXFP4 1.04-1.16x, NVFP4 0.99-1.07x. Rows of 1 KiB
+// and more keep the narrow tiles: there FP8's 4-row tiles measured 0.95-1.02x (768 × 2048 and 4096 × 2048),
+// FP4's 8-row ones lost 3-10 % (a scratch test streaming copies).
+inline constexpr int64_t kWideDecodeMaxRowBytes = 1023;
 
 // f(std::integral_constant<int, MR>) for MR = rows (1..MRMAX).
 template <int MRMAX, class F>
@@ -252,12 +268,13 @@ template <bool NV>
 struct Fp4Tile {
   // FP4 decode is bound by its arithmetic on Sapphire Rapids: 2 weight rows a tile made the experts' down
   // shape read 14 GB/s instead of 16.
-  static constexpr int kDecodeRows = 4;
+  static constexpr int kDecodeRows = 4, kWideDecodeRows = 8;
   const LinearArgs& a;
   const uint16_t* xp;
   int64_t padded;
   __m512 global;
   LinearFn reference;
+  bool wide;
   template <int MRMAX, int NR>
   void run(int64_t i0, int64_t rows, int64_t n) const {
     const PackedWeight& w = *a.w;
@@ -281,10 +298,11 @@ struct Fp8Tile {
   // for BF16, linear_avx512.cpp's rows_block): 2 weight rows a tile at m ≤ 2. `xmoe linear-bench --threads 2
   // --matmul-precision medium --isa avx512_bf16` on Sapphire Rapids, two alternated runs: FP8 decode
   // 21.1-25.8 → 24.0-28.0 GB/s (64-79 → 73-85 % of the probe) against 4 rows a tile.
-  static constexpr int kDecodeRows = 2;
+  static constexpr int kDecodeRows = 2, kWideDecodeRows = 4;
   const LinearArgs& a;
   const uint16_t* xq;
   int64_t padded;
+  bool wide;
   template <int MRMAX, int NR>
   void run(int64_t i0, int64_t rows, int64_t n) const {
     const PackedWeight& w = *a.w;
@@ -511,7 +529,7 @@ bool mxfp4_x_in_range(const uint16_t* xp, int64_t words) {
 }
 
 template <bool NV>
-void fp4_linear(const LinearArgs& a, WeightFormat format, LinearFn reference) {
+void fp4_linear(const LinearArgs& a, WeightFormat format, LinearFn reference, bool wide_decode) {
   quant::check_linear_args(a, format);
   if (a.m == 0 || a.n0 == a.n1) return;
   const float g = a.w->global_scale;
@@ -532,12 +550,11 @@ void fp4_linear(const LinearArgs& a, WeightFormat format, LinearFn reference) {
       return quant_panel_linear(a, xp, padded, {&source, nvfp4_panel, reference});
     }
   }
-  stream(a, a.n0, a.n1, Fp4Tile<NV>{a, xp, padded, _mm512_set1_ps(g * 0x1p120f), reference});
+  const bool wide = wide_decode && a.m == 1 && a.w->row_bytes <= kWideDecodeMaxRowBytes;
+  stream(a, a.n0, a.n1, Fp4Tile<NV>{a, xp, padded, _mm512_set1_ps(g * 0x1p120f), reference, wide});
 }
 
-}  // namespace
-
-void linear_fp8_block_medium(const LinearArgs& a) {
+void fp8_block_linear(const LinearArgs& a, bool wide_decode) {
   quant::check_linear_args(a, WeightFormat::fp8_block);
   if (a.m == 0 || a.n0 == a.n1) return;
   const PackedWeight& w = *a.w;
@@ -552,7 +569,7 @@ void linear_fp8_block_medium(const LinearArgs& a) {
       scales.row(s0, mult.data());
       for (int64_t i = 0; i < a.m; ++i)
         pack_fp8_x_row(order, a.x + i * a.ldx, k, mult.data(), padded, xq + i * padded, 32);
-      stream(a, s0, s1, Fp8Tile{a, xq, padded});
+      stream(a, s0, s1, Fp8Tile{a, xq, padded, wide_decode && w.row_bytes <= kWideDecodeMaxRowBytes});
     });
     return;
   }
@@ -577,11 +594,11 @@ void linear_fp8_block_medium(const LinearArgs& a) {
     });
   }
 }
-void linear_mxfp4_medium(const LinearArgs& a) {
+void mxfp4_linear(const LinearArgs& a, bool wide_decode) {
   quant::check_linear_args(a, WeightFormat::mxfp4);
   if (a.m == 0 || a.n0 == a.n1) return;
   if (a.m < kQuantPanelMinRowsMxfp4)
-    return fp4_linear<false>(a, WeightFormat::mxfp4, reference::linear_mxfp4_medium);
+    return fp4_linear<false>(a, WeightFormat::mxfp4, reference::linear_mxfp4_medium, wide_decode);
   using namespace bf16dot_tiles;
   const int64_t k = a.w->cols, padded = (k + 127) / 128 * 128, steps = padded / 32;
   Buffer<uint16_t> xp_buffer, panel_buffer;
@@ -601,8 +618,26 @@ void linear_mxfp4_medium(const LinearArgs& a) {
                                               reference::linear_mxfp4_medium);
   }
 }
+
+}  // namespace
+
+void linear_fp8_block_medium(const LinearArgs& a) {
+  fp8_block_linear(a, false);
+}
+void linear_mxfp4_medium(const LinearArgs& a) {
+  mxfp4_linear(a, false);
+}
 void linear_nvfp4_medium(const LinearArgs& a) {
-  fp4_linear<true>(a, WeightFormat::nvfp4, reference::linear_nvfp4_medium);
+  fp4_linear<true>(a, WeightFormat::nvfp4, reference::linear_nvfp4_medium, false);
+}
+void linear_fp8_block_medium_wide_decode(const LinearArgs& a) {
+  fp8_block_linear(a, true);
+}
+void linear_mxfp4_medium_wide_decode(const LinearArgs& a) {
+  mxfp4_linear(a, true);
+}
+void linear_nvfp4_medium_wide_decode(const LinearArgs& a) {
+  fp4_linear<true>(a, WeightFormat::nvfp4, reference::linear_nvfp4_medium, true);
 }
 
 }  // namespace xmoe::kernels::avx512_bf16
