@@ -112,8 +112,17 @@ int run_linear_bench(const LinearBenchOptions& o) {
   const double probe_before = kernels::measure_read_bandwidth_gbs();
   std::printf("read-bandwidth probe: %.2f GB/s\n", probe_before);
 
-  const WeightFormat formats[] = {WeightFormat::bf16, WeightFormat::fp8_block, WeightFormat::mxfp4,
-                                  WeightFormat::nvfp4};
+  // FP8 twice: with f32 block scales (Qwen3-FP8, GLM-FP8) and with powers of two (DeepSeek-V3.1's ue8m0).
+  struct Format {
+    WeightFormat f;
+    bool ue8m0;
+    const char* name;
+  };
+  const Format formats[] = {{WeightFormat::bf16, false, "bf16"},
+                            {WeightFormat::fp8_block, false, "fp8_block"},
+                            {WeightFormat::fp8_block, true, "fp8_ue8m0"},
+                            {WeightFormat::mxfp4, false, "mxfp4"},
+                            {WeightFormat::nvfp4, false, "nvfp4"}};
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 0.02f);
   std::printf("\n%-15s %-10s %12s %10s %9s %10s %14s %10s\n", "shape N x K", "format", "bytes/matrix",
@@ -125,8 +134,8 @@ int run_linear_bench(const LinearBenchOptions& o) {
         y(static_cast<size_t>(o.prefill_rows * s.n));
     for (auto& v : x) v = normal(rng);
     double bf16_gflops = 0;
-    for (const WeightFormat f : formats) {
-      const OwnedWeight one = make_weight(f, w, s.n, s.k);
+    for (const auto& [f, ue8m0, name] : formats) {
+      const OwnedWeight one = make_weight(f, w, s.n, s.k, ue8m0);
       const size_t bytes = one.view.bytes();
       // Decode: m = 1 over distinct copies, each read once per pass.
       const size_t stream = o.stream_mb > 0 ? static_cast<size_t>(o.stream_mb) << 20
@@ -173,9 +182,8 @@ int run_linear_bench(const LinearBenchOptions& o) {
       char shape[32];
       std::snprintf(shape, sizeof(shape), "%lldx%lld", static_cast<long long>(s.n),
                     static_cast<long long>(s.k));
-      std::printf("%-15s %-10s %12zu %10.2f %8.0f%% %10.2f %14.1f %9.2fx\n", shape,
-                  kernels::weight_format_name(f), bytes, gbs, 100.0 * gbs / probe_before, hot_gbs, pf,
-                  pf / bf16_gflops);
+      std::printf("%-15s %-10s %12zu %10.2f %8.0f%% %10.2f %14.1f %9.2fx\n", shape, name, bytes, gbs,
+                  100.0 * gbs / probe_before, hot_gbs, pf, pf / bf16_gflops);
     }
   }
   const double probe_after = kernels::measure_read_bandwidth_gbs();

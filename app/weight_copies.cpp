@@ -10,7 +10,8 @@
 
 namespace xmoe::app {
 
-OwnedWeight make_weight(kernels::WeightFormat f, const std::vector<float>& w, int64_t rows, int64_t cols) {
+OwnedWeight make_weight(kernels::WeightFormat f, const std::vector<float>& w, int64_t rows, int64_t cols,
+                        bool ue8m0) {
   OwnedWeight o;
   if (f == kernels::WeightFormat::bf16) {
     o.data.resize(static_cast<size_t>(rows * cols) * 2);
@@ -23,10 +24,11 @@ OwnedWeight make_weight(kernels::WeightFormat f, const std::vector<float>& w, in
     o.view.cols = cols;
     o.view.row_bytes = cols * 2;
   } else {
-    kernels::quant::QuantizedMatrix q =
-        f == kernels::WeightFormat::fp8_block ? kernels::quant::quantize_fp8_block(w.data(), rows, cols)
-        : f == kernels::WeightFormat::mxfp4   ? kernels::quant::quantize_mxfp4(w.data(), rows, cols)
-                                              : kernels::quant::quantize_nvfp4(w.data(), rows, cols);
+    kernels::quant::QuantizedMatrix q = f == kernels::WeightFormat::fp8_block
+                                            ? kernels::quant::quantize_fp8_block(w.data(), rows, cols, ue8m0)
+                                        : f == kernels::WeightFormat::mxfp4
+                                            ? kernels::quant::quantize_mxfp4(w.data(), rows, cols)
+                                            : kernels::quant::quantize_nvfp4(w.data(), rows, cols);
     o.view = q.view();
     o.data = std::move(q.data);
     o.scales = std::move(q.scales);

@@ -26,7 +26,9 @@ struct OwnedWeight {
   std::vector<uint8_t> data, scales;
   kernels::PackedWeight view;
 };
-OwnedWeight make_weight(kernels::WeightFormat f, const std::vector<float>& w, int64_t rows, int64_t cols);
+// ue8m0: FP8 block scales rounded up to powers of two (DeepSeek-V3.1's scale_fmt).
+OwnedWeight make_weight(kernels::WeightFormat f, const std::vector<float>& w, int64_t rows, int64_t cols,
+                        bool ue8m0 = false);
 
 struct WeightCopies {
   HugeBuffer memory;

@@ -23,8 +23,11 @@ std::vector<float> random_values(size_t n, std::mt19937& rng, float scale = 1.0f
   return v;
 }
 
-QuantizedMatrix quantize(WeightFormat f, const std::vector<float>& w, int64_t rows, int64_t cols) {
-  if (f == WeightFormat::fp8_block) return quantize_fp8_block(w.data(), rows, cols);
+// ue8m0: FP8 block scales rounded up to powers of two (DeepSeek-V3.1's scale_fmt), which the AVX-512 decode
+// moves onto x.
+QuantizedMatrix quantize(WeightFormat f, const std::vector<float>& w, int64_t rows, int64_t cols,
+                         bool ue8m0 = false) {
+  if (f == WeightFormat::fp8_block) return quantize_fp8_block(w.data(), rows, cols, ue8m0);
   if (f == WeightFormat::mxfp4) return quantize_mxfp4(w.data(), rows, cols);
   return quantize_nvfp4(w.data(), rows, cols);
 }
@@ -58,14 +61,14 @@ struct Shape {
   int64_t n, k;
 };
 
-void check_format(WeightFormat f, const std::vector<Shape>& shapes) {
+void check_format(WeightFormat f, const std::vector<Shape>& shapes, bool ue8m0 = false) {
   const auto levels = vector_levels();
   if (levels.empty()) GTEST_SKIP() << "no AVX2 on this CPU";
   const CpuFeatures features = detect_cpu_features();
   std::mt19937 rng(7);
   for (const Shape s : shapes) {
     auto wv = random_values(static_cast<size_t>(s.n * s.k), rng, 0.05f);
-    const QuantizedMatrix q = quantize(f, wv, s.n, s.k);
+    const QuantizedMatrix q = quantize(f, wv, s.n, s.k, ue8m0);
     const PackedWeight w = q.view();
     for (const int64_t m : {1, 2, 3, 7, 16, 33, 200}) {
       if (m == 200 && s.n * s.k > 40000) continue;  // keep the reference's time small
@@ -95,6 +98,11 @@ void check_format(WeightFormat f, const std::vector<Shape>& shapes) {
 
 TEST(QuantLinear, Fp8BlockVariantsMatchReferenceBitForBit) {
   check_format(WeightFormat::fp8_block, {{1, 16}, {9, 40}, {37, 136}, {130, 300}, {20, 1029}});
+}
+// Power-of-two block scales: columns [102, 229) of 306 rows start tiles of 4 rows at 126, across the 128-row
+// block edge (which take the multiplier per row).
+TEST(QuantLinear, Fp8BlockPowerOfTwoScalesMatchReferenceBitForBit) {
+  check_format(WeightFormat::fp8_block, {{1, 16}, {9, 40}, {37, 136}, {306, 300}, {20, 1029}}, true);
 }
 TEST(QuantLinear, Mxfp4VariantsMatchReferenceBitForBit) {
   check_format(WeightFormat::mxfp4, {{1, 32}, {9, 96}, {37, 160}, {130, 320}, {20, 1024}});
@@ -176,6 +184,31 @@ TEST(QuantLinear, Fp8ScaleRangesAtDecodeAndPrefillShapes) {
       for (const Isa isa : vector_levels())
         expect_same(run(kernel_table(isa, features), w, x, m, k, 0, n, n), want,
                     "fp8 scale " + std::to_string(s) + " m=" + std::to_string(m) + " " + isa_name(isa));
+    }
+  }
+}
+
+// Power-of-two multipliers on both sides of the range the AVX-512 decode moves onto x ([2^-100, 2^7]), and x
+// values whose product with the multiplier · 2^120 overflows (3e38 · 2^100) or is denormal (1e-44 · 2^20):
+// every level still returns the reference's bits, at the decode, batch and prefill shapes.
+TEST(QuantLinear, Fp8PowerOfTwoScalesAtTheEdgesOfTheScaledXRange) {
+  const CpuFeatures features = detect_cpu_features();
+  std::mt19937 rng(23);
+  const int64_t n = 9, k = 200;
+  for (const float s : {0x1p-100f, 0x1p-101f, 0x1p7f, 0x1p8f, 0x1p-20f}) {
+    auto fp8 = quantize_fp8_block(random_values(n * k, rng).data(), n, k, true);
+    std::memcpy(fp8.scales.data() + 4 * 1, &s, 4);  // columns 128..199: a 64-column step and a tail
+    const PackedWeight w = fp8.view();
+    for (const int64_t m : {1, 2, 5, 6, 17}) {
+      for (const float special : {1.0f, 3e38f, 1e-44f}) {
+        auto x = random_values(static_cast<size_t>(m * k), rng);
+        x[static_cast<size_t>((m - 1) * k + 150)] = special;  // the last row, in the block of multiplier s
+        const auto want = run(reference_kernel_table(), w, x, m, k, 0, n, n);
+        for (const Isa isa : vector_levels())
+          expect_same(run(kernel_table(isa, features), w, x, m, k, 0, n, n), want,
+                      "fp8 scale " + std::to_string(s) + ", x " + std::to_string(special) +
+                          ", m=" + std::to_string(m) + " " + isa_name(isa));
+      }
     }
   }
 }

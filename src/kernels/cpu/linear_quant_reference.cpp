@@ -36,6 +36,17 @@ bool fp8_integer_decode_exact(const PackedWeight& w, int64_t n0, int64_t n1) {
   return (_mm_getcsr() & kDenormalsAreZero) == 0 && fp8_scales_foldable(w, n0, n1, 0x1p8f);
 }
 
+bool fp8_scales_powers_of_two(const PackedWeight& w, int64_t n0, int64_t n1) {
+  const int64_t blocks = (w.cols + w.block_cols - 1) / w.block_cols;
+  for (int64_t r = n0 / w.block_rows; r * w.block_rows < n1; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      int e = 0;
+      const float s = decode_scale(w.scale_type, w.scales, r * w.scale_row_stride + b);
+      if (!(s > 0 && std::frexp(s, &e) == 0.5f && e >= -99 && e <= 8)) return false;  // s = 2^(e - 1)
+    }
+  return true;
+}
+
 void reference_part(const LinearArgs& args, LinearFn reference, int64_t i0, int64_t rows, int64_t n,
                     int64_t cols) {
   reference(args_part(args, i0, rows, n, cols));
