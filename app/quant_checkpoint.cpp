@@ -66,7 +66,11 @@ QuantTarget parse_quant_target(const std::string& flag, const std::string& layou
                " layout only, not '", layout, "'");
     return t;
   };
-  if (flag == "fp8-block") return only(QuantTarget::fp8_block, "fp8");
+  if (flag == "fp8-block") {
+    if (layout.empty()) return QuantTarget::fp8_block;
+    if (layout == "ue8m0") return QuantTarget::fp8_block_ue8m0;
+    throw Error("unknown layout '" + layout + "' for fp8-block (expected ue8m0, or none for f32 scales)");
+  }
   if (flag == "mxfp4") return only(QuantTarget::mxfp4, "compressed-tensors");
   if (flag == "nvfp4") {
     if (layout.empty() || layout == "modelopt") return QuantTarget::nvfp4;
@@ -79,6 +83,7 @@ QuantTarget parse_quant_target(const std::string& flag, const std::string& layou
 const char* quant_target_flag(QuantTarget t) {
   switch (t) {
     case QuantTarget::fp8_block:
+    case QuantTarget::fp8_block_ue8m0:
       return "fp8-block";
     case QuantTarget::mxfp4:
       return "mxfp4";
@@ -94,7 +99,8 @@ std::vector<StreamedTensor> quantized_tensor_specs(QuantTarget t, const std::str
   const std::string base = base_of(name);
   const auto n = [](int64_t a, int64_t b) { return static_cast<size_t>(a * b); };
   switch (t) {
-    case QuantTarget::fp8_block: {
+    case QuantTarget::fp8_block:
+    case QuantTarget::fp8_block_ue8m0: {
       const int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
       return {{base + ".weight", "F8_E4M3", {rows, cols}, n(rows, cols)},
               {base + ".weight_scale_inv", "F32", {sr, sc}, n(sr, sc) * 4}};
@@ -124,8 +130,9 @@ std::vector<StreamedTensor> quantized_tensor_specs(QuantTarget t, const std::str
 std::vector<std::vector<uint8_t>> quantized_tensor_bytes(QuantTarget t, const float* w, int64_t rows,
                                                          int64_t cols, float nvfp4_weight_scale_2) {
   switch (t) {
-    case QuantTarget::fp8_block: {
-      auto q = kernels::quant::quantize_fp8_block(w, rows, cols);
+    case QuantTarget::fp8_block:
+    case QuantTarget::fp8_block_ue8m0: {
+      auto q = kernels::quant::quantize_fp8_block(w, rows, cols, t == QuantTarget::fp8_block_ue8m0);
       return {std::move(q.data), std::move(q.scales)};
     }
     case QuantTarget::mxfp4: {
@@ -184,9 +191,11 @@ void write_quantization_config(QuantTarget t, nlohmann::ordered_json& config,
   nlohmann::ordered_json q;
   switch (t) {
     case QuantTarget::fp8_block:
+    case QuantTarget::fp8_block_ue8m0:
       q["quant_method"] = "fp8";
       q["fmt"] = "e4m3";
       q["activation_scheme"] = "dynamic";
+      if (t == QuantTarget::fp8_block_ue8m0) q["scale_fmt"] = "ue8m0";
       q["weight_block_size"] = {128, 128};
       q["modules_to_not_convert"] = excluded;
       break;

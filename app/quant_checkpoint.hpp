@@ -1,7 +1,8 @@
 // Quantized linears in the exact tensor layouts and configs the published checkpoints use, for the
 // checkpoint writers (`init-model --quant`, `quantize`):
 //  * fp8-block (DeepSeek / Qwen3-FP8, transformers' FineGrainedFP8): `weight` F8_E4M3 [N, K] +
-//    `weight_scale_inv` F32 [⌈N/128⌉, ⌈K/128⌉]; config.json quantization_config quant_method "fp8";
+//    `weight_scale_inv` F32 [⌈N/128⌉, ⌈K/128⌉]; config.json quantization_config quant_method "fp8" (the
+//    ue8m0 layout: scales rounded up to powers of two and `scale_fmt: ue8m0`, as DeepSeek-V3.1);
 //  * mxfp4 (compressed-tensors `mxfp4-pack-quantized`, as vLLM's CompressedTensorsW4A16Mxfp4 reads it;
 //  gpt-oss's
 //    `*_blocks`/`*_scales` naming belongs to its fused GptOss experts, not to a Qwen3-MoE's per-expert
@@ -26,21 +27,26 @@
 
 namespace xmoe::app {
 
-enum class QuantTarget { fp8_block, mxfp4, nvfp4, nvfp4_compressed };
+// fp8_block_ue8m0: the same tensors with block scales rounded up to powers of two and `scale_fmt: ue8m0` in
+// the config, as DeepSeek-V3.1 publishes them.
+enum class QuantTarget { fp8_block, fp8_block_ue8m0, mxfp4, nvfp4, nvfp4_compressed };
 
-// flag: "fp8-block" | "mxfp4" | "nvfp4"; layout: "" (the format's default: ModelOpt for nvfp4,
-// compressed-tensors for mxfp4) | "modelopt" | "compressed-tensors"; throws naming a layout the format
-// is not written in.
+// flag: "fp8-block" | "mxfp4" | "nvfp4"; layout: "" (the format's default: f32 scales for fp8-block, ModelOpt
+// for nvfp4, compressed-tensors for mxfp4) | "ue8m0" | "modelopt" | "compressed-tensors"; throws naming a
+// layout the format is not written in.
 QuantTarget parse_quant_target(const std::string& flag, const std::string& layout = "");
 const char* quant_target_flag(QuantTarget t);  // the --quant / --to value
 inline bool is_nvfp4(QuantTarget t) {
   return t == QuantTarget::nvfp4 || t == QuantTarget::nvfp4_compressed;
 }
 inline const std::vector<std::string> kQuantTargetFlags = {"fp8-block", "mxfp4", "nvfp4"};
-inline const std::vector<std::string> kQuantLayoutFlags = {"modelopt", "compressed-tensors"};
+inline const std::vector<std::string> kQuantLayoutFlags = {"modelopt", "compressed-tensors", "ue8m0"};
 inline constexpr const char* kQuantLayoutHelp =
     "tensor naming of --quant nvfp4: modelopt (weight, weight_scale_2; default) | compressed-tensors "
-    "(weight_packed, weight_global_scale, as Red Hat publishes it); mxfp4 is written as compressed-tensors";
+    "(weight_packed, weight_global_scale, as Red Hat publishes it); of fp8-block: ue8m0 (block scales "
+    "rounded up "
+    "to powers of two, scale_fmt ue8m0, as DeepSeek-V3.1 publishes them; default: f32 scales); mxfp4 is "
+    "written as compressed-tensors";
 
 // The tensors written in place of `name` (a `.weight` of [rows, cols]); throws naming the tensor when cols
 // does not fit the format's block (MXFP4: multiple of 32, NVFP4: of 16).

@@ -173,6 +173,13 @@ TEST_P(QuantCli, InitModelAndQuantizeWriteThePublishedLayout) {
     const std::string base = e.name.substr(0, e.name.size() - 7);
     const PackedWeight w = packed_view(q, fmt, layout, base, e.shape[0], e.shape[1]);
     expect_within_bound(fmt, w, f32_values(ref, e.name), e.name);
+    if (layout == "ue8m0")  // DeepSeek-V3.1's block scales: powers of two
+      for (int64_t i = 0; i < (w.rows + 127) / 128 * w.scale_row_stride; ++i) {
+        float scale;
+        std::memcpy(&scale, w.scales + 4 * i, 4);
+        int e2 = 0;
+        EXPECT_EQ(std::frexp(scale, &e2), 0.5f) << base << " scale " << i << " = " << scale;
+      }
     // quantize of the f32 checkpoint: the same bytes.
     for (const auto& qe : q.entries())
       if (qe.name.rfind(base + ".", 0) == 0 && qe.name.find(".bias") == std::string::npos) {
@@ -188,6 +195,10 @@ TEST_P(QuantCli, InitModelAndQuantizeWriteThePublishedLayout) {
     if (fmt == "fp8-block") {
       EXPECT_EQ(qc["quant_method"], "fp8");
       EXPECT_EQ(qc["weight_block_size"], json({128, 128}));
+      if (layout == "ue8m0")
+        EXPECT_EQ(qc["scale_fmt"], "ue8m0");
+      else
+        EXPECT_FALSE(qc.contains("scale_fmt"));
       EXPECT_EQ(qc["modules_to_not_convert"][0], "lm_head");
     } else if (fmt == "mxfp4") {
       EXPECT_EQ(qc["quant_method"], "compressed-tensors");
@@ -213,7 +224,8 @@ TEST_P(QuantCli, InitModelAndQuantizeWriteThePublishedLayout) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Quant, QuantCli,
-                         ::testing::Values("fp8-block", "mxfp4", "nvfp4", "nvfp4/compressed-tensors"),
+                         ::testing::Values("fp8-block", "fp8-block/ue8m0", "mxfp4", "nvfp4",
+                                           "nvfp4/compressed-tensors"),
                          [](const auto& info) {
                            std::string name = info.param;
                            for (char& c : name)
@@ -250,7 +262,7 @@ TEST(QuantCliErrors, BadFlagsAndInputsAreNamed) {
   r = run_cli("init-model --config " + kConfig + " --out " + dir / "f" +
               " --quant fp8-block --quant-layout modelopt");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.output.find("fp8-block is written in the fp8 layout only, not 'modelopt'"), std::string::npos)
+  EXPECT_NE(r.output.find("unknown layout 'modelopt' for fp8-block (expected ue8m0"), std::string::npos)
       << r.output;
   r = run_cli("init-model --config " + kConfig + " --out " + dir / "g" +
               " --quant-layout compressed-tensors");

@@ -8,6 +8,8 @@ For each format a tiny Qwen3-MoE (tests/data/checkpoints/tiny_config.json) is wr
   fp8-block: transformers loads it with FineGrainedFP8Config(dequantize=True) on the CPU; every quantized linear
              it holds must equal DeepSeek's dequantisation of the stored tensors (fp8 * weight_scale_inv per 128
              block) and lie within the E4M3 rounding bound of the original.
+  fp8-ue8m0: `--quant fp8-block --quant-layout ue8m0` (DeepSeek-V3.1's power-of-two block scales, `scale_fmt:
+             ue8m0`): the same checks as fp8-block, and every block scale a power of two.
   mxfp4:     transformers loads the compressed-tensors `mxfp4-pack-quantized` checkpoint (package compressed-tensors,
              CompressedTensorsConfig(run_compressed=False)); same checks against E2M1 * 2^(scale - 127).
   nvfp4:     transformers (5.24) cannot load ModelOpt NVFP4 checkpoints: `quant_method: modelopt` is unknown to it
@@ -58,7 +60,7 @@ def unpack(packed):
 
 def reference_dequant(fmt, t, base, rows, cols):
     """The format's published dequantisation of the stored tensors; also returns the per-element block scale."""
-    if fmt == "fp8-block":
+    if fmt in ("fp8-block", "fp8-ue8m0"):
         q = t[base + ".weight"].float()
         s = t[base + ".weight_scale_inv"].repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :cols]
         return q * s, s
@@ -76,7 +78,7 @@ def within_bound(fmt, w, dq, s):
     # E4M3: half a step is ≤ |w|/16 for normals, 2^-10 · scale for subnormals. E2M1: ≤ |w|/4, or half the
     # smallest step (0.25 · scale); NVFP4's block scale is itself rounded, which can saturate the block's
     # largest element by up to 1/16 of it: 0.5 · scale covers both.
-    if fmt == "fp8-block":
+    if fmt in ("fp8-block", "fp8-ue8m0"):
         bound = torch.maximum(w.abs() / 16, s * 2.0**-10)
     else:
         bound = torch.maximum(w.abs() / 4, s * 0.5)
@@ -91,10 +93,11 @@ def main():
         run = lambda *a: subprocess.run([xmoe, *a], check=True, capture_output=True, text=True)
         run("init-model", "--config", CONFIG, "--out", ref_dir, "--dtype", "f32", "--seed", "5")
         ref = tensors(ref_dir)
-        for fmt in ("fp8-block", "mxfp4", "nvfp4", "nvfp4-ct"):
+        for fmt in ("fp8-block", "fp8-ue8m0", "mxfp4", "nvfp4", "nvfp4-ct"):
             qdir, conv_dir = os.path.join(tmp, fmt), os.path.join(tmp, fmt + "-converted")
-            flags = ["--quant-layout", "compressed-tensors"] if fmt == "nvfp4-ct" else []
-            quant = "nvfp4" if fmt == "nvfp4-ct" else fmt
+            flags = {"nvfp4-ct": ["--quant-layout", "compressed-tensors"],
+                     "fp8-ue8m0": ["--quant-layout", "ue8m0"]}.get(fmt, [])
+            quant = {"nvfp4-ct": "nvfp4", "fp8-ue8m0": "fp8-block"}.get(fmt, fmt)
             run("init-model", "--config", CONFIG, "--out", qdir, "--quant", quant, "--seed", "5", *flags)
             run("quantize", "--to", quant, *flags, ref_dir, conv_dir)
             t, conv = tensors(qdir), tensors(conv_dir)
@@ -115,6 +118,11 @@ def main():
             ok &= bound_ok
             if fmt == "nvfp4-ct":
                 ok &= same_codes_as_modelopt(t, tensors(os.path.join(tmp, "nvfp4")), names)
+            if fmt == "fp8-ue8m0":
+                scales = [t[n[: -len(".weight")] + ".weight_scale_inv"] for n in names]
+                powers = all(bool((torch.frexp(s_).mantissa == 0.5).all()) for s_ in scales)
+                print(f"{fmt}: every block scale a power of two: {powers}")
+                ok &= powers
             ok &= check_transformers(fmt, qdir, dq)
     print("ALL OK" if ok else "FAILED")
     return 0 if ok else 1
@@ -143,7 +151,7 @@ def check_transformers(fmt, qdir, dq):
                          and n.endswith(".weight_global_scale")}
 
     kwargs = {}
-    if fmt == "fp8-block":
+    if fmt in ("fp8-block", "fp8-ue8m0"):
         from transformers import FineGrainedFP8Config
         kwargs["quantization_config"] = FineGrainedFP8Config(dequantize=True)
     elif fmt in ("mxfp4", "nvfp4-ct"):
