@@ -65,9 +65,11 @@ bool fp8_scales_foldable(const PackedWeight& w, int64_t n0, int64_t n1, float li
 // of such a value and the folded multiplier is the same real number as the reference's product and rounds
 // to the same f32.
 bool fp8_integer_decode_exact(const PackedWeight& w, int64_t n0, int64_t n1);
-// Whether every FP8 block multiplier of the rows [n0, n1) is a power of two in [2^-100, 2^7] (DeepSeek-V3.1's
-// ue8m0 scales): then v · s is exact for every E4M3 value v, and the AVX-512 decode multiplies x instead.
-bool fp8_scales_powers_of_two(const PackedWeight& w, int64_t n0, int64_t n1);
+// Whether every FP8 block multiplier of the call's rows [a.n0, a.n1) is a power of two in [2^-100, 2^7]
+// (DeepSeek-V3.1's ue8m0 scales: then v · s is exact for every E4M3 value v) and every nonzero x value of the
+// call times every multiplier · 2^120 stays in f32's normal range (a NaN or infinite x fails): the check
+// before the AVX-512 and AVX2 decodes multiply x instead of the weights.
+bool fp8_scaled_x_exact(const LinearArgs& a);
 }  // namespace quant
 
 }  // namespace xmoe::kernels
