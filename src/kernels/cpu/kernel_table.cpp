@@ -93,7 +93,7 @@ KernelTable make_amx(bool l2_blocks) {
 
 // The same table with BF16 linears at the medium precision. `amd`: the AVX512-BF16 quantized linears' decode
 // tiles tuned on Zen 4 (linear_quant_bf16dot_avx512_bf16.cpp).
-KernelTable with_medium_bf16(KernelTable t, LinearFn linear_bf16_medium, bool amd = false) {
+KernelTable with_medium_bf16(KernelTable t, LinearFn linear_bf16_medium, bool amd) {
   t.precision = MatmulPrecision::medium;
   t.linear[size_t(WeightFormat::bf16)] = linear_bf16_medium;
   // Block-quantized weights at medium: bf16 products of the codes, scales on x (FP8), on the codes (MXFP4) or
@@ -109,6 +109,15 @@ KernelTable with_medium_bf16(KernelTable t, LinearFn linear_bf16_medium, bool am
                                           : amd    ? avx512_bf16::linear_nvfp4_medium_wide_decode
                                                    : avx512_bf16::linear_nvfp4_medium;
   return t;
+}
+
+// The AVX512-BF16 level's medium table in the forms for AMD CPUs (`amd`: the decode streams BF16 weights with
+// the hardware prefetchers alone, linear_bf16dot_avx512_bf16.cpp, and quantized ones in wider tiles,
+// linear_quant_bf16dot_avx512_bf16.cpp) or for the others.
+KernelTable avx512_bf16_medium_table(bool l2_blocks, bool amd) {
+  return with_medium_bf16(
+      make_avx512_bf16(l2_blocks),
+      amd ? avx512_bf16::linear_bf16_medium_hardware_prefetch : avx512_bf16::linear_bf16_medium, amd);
 }
 
 // The AMX level's medium table: FP8 and MXFP4 weights on tiles too (NVFP4 keeps VDPBF16PS's kernel:
@@ -157,20 +166,16 @@ const KernelTable& kernel_table(Isa isa, const CpuFeatures& features, MatmulPrec
   const KernelTable& highest = kernel_table(isa, features);
   if (precision == MatmulPrecision::highest) return highest;
   static const KernelTable reference_medium =
-      with_medium_bf16(reference_kernel_table(), reference::linear_bf16_medium);
-  // [L2 blocks][AMD]: AMD's decode streams BF16 weights with the hardware prefetchers alone
-  // (linear_bf16dot_avx512_bf16.cpp) and quantized ones in wider tiles
-  // (linear_quant_bf16dot_avx512_bf16.cpp).
+      with_medium_bf16(reference_kernel_table(), reference::linear_bf16_medium, false);
   static const KernelTable avx512_bf16_medium[2][2] = {
-      {with_medium_bf16(make_avx512_bf16(false), avx512_bf16::linear_bf16_medium),
-       with_medium_bf16(make_avx512_bf16(false), avx512_bf16::linear_bf16_medium_hardware_prefetch, true)},
-      {with_medium_bf16(make_avx512_bf16(true), avx512_bf16::linear_bf16_medium),
-       with_medium_bf16(make_avx512_bf16(true), avx512_bf16::linear_bf16_medium_hardware_prefetch, true)}};
+      // [L2 blocks][AMD]
+      {avx512_bf16_medium_table(false, false), avx512_bf16_medium_table(false, true)},
+      {avx512_bf16_medium_table(true, false), avx512_bf16_medium_table(true, true)}};
   // AMX: BF16, FP8 and MXFP4 linears in TDPBF16PS's arithmetic (linear_bf16tile.hpp,
   // linear_quant_bf16tile.hpp).
   static const KernelTable amx_medium[2] = {
-      with_amx_tiles(with_medium_bf16(make_amx(false), amx::linear_bf16_medium)),
-      with_amx_tiles(with_medium_bf16(make_amx(true), amx::linear_bf16_medium))};
+      with_amx_tiles(with_medium_bf16(make_amx(false), amx::linear_bf16_medium, false)),
+      with_amx_tiles(with_medium_bf16(make_amx(true), amx::linear_bf16_medium, false))};
   const int l2 = gemm_blocks_in_l2(features) ? 1 : 0;
   switch (highest.isa) {
     case Isa::reference:
