@@ -57,8 +57,11 @@ WeightCopies copy_weight(const kernels::PackedWeight& w, size_t count) {
   const auto data_bytes = static_cast<size_t>(w.rows * w.row_bytes);
   const size_t scale_bytes = w.scales != nullptr ? w.bytes() - data_bytes : 0;
   const size_t each = padded(data_bytes) + padded(scale_bytes);
-  WeightCopies out{allocate_huge_buffer(each * count), std::vector<kernels::PackedWeight>(count, w)};
+  WeightCopies out{allocate_huge_buffer(each * count), std::vector<kernels::PackedWeight>(count, w), nullptr};
+  if (w.format == kernels::WeightFormat::fp8_block)
+    out.nan_free_rows = std::make_unique<std::atomic<uint8_t>[]>(count * static_cast<size_t>(w.rows));
   for (size_t i = 0; i < count; ++i) {
+    if (out.nan_free_rows) out.views[i].nan_free_rows = out.nan_free_rows.get() + i * w.rows;
     std::byte* data = out.memory.get() + i * each;
     std::memcpy(data, w.data, data_bytes);
     out.views[i].data = data;

@@ -3,8 +3,10 @@
 // weights are read (io/page_cache.hpp): in 4 KiB pages BF16 decode of the 4096 × 2048 shape streamed at
 // 26.4 GB/s where 2 MiB pages gave 35.0-35.6 (2 threads, `linear-bench --matmul-precision medium`).
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kernels/packed_weight.hpp"
@@ -33,6 +35,9 @@ OwnedWeight make_weight(kernels::WeightFormat f, const std::vector<float>& w, in
 struct WeightCopies {
   HugeBuffer memory;
   std::vector<kernels::PackedWeight> views;
+  // FP8: each view's NaN-free row flags, as the model loader gives a checkpoint's (its bytes stay as they
+  // are).
+  std::unique_ptr<std::atomic<uint8_t>[]> nan_free_rows;
 };
 
 // How many bytes of copies a benchmark streams so that none is still cached when it comes round again: at
@@ -40,7 +45,8 @@ struct WeightCopies {
 // here, where 96 MiB of copies were read from L3 at 57 GB/s against a 34 GB/s DRAM probe).
 size_t stream_bytes_beyond_caches(size_t at_least);
 
-// `count` copies of w's bytes (its rows · row_bytes data bytes, then its scales), each view w's but for them.
+// `count` copies of w's bytes (its rows · row_bytes data bytes, then its scales), each view w's but for them
+// (and, FP8, its flags).
 WeightCopies copy_weight(const kernels::PackedWeight& w, size_t count);
 
 }  // namespace xmoe::app

@@ -73,6 +73,7 @@ PackedWeight slice_rows(const PackedWeight& w, int64_t row0, int64_t rows) {
   PackedWeight s = w;
   s.rows = rows;
   s.data = w.data + row0 * w.row_bytes;
+  if (w.nan_free_rows != nullptr) s.nan_free_rows = w.nan_free_rows + row0;
   if (w.scale_type != ScaleType::none) {
     const int64_t scale_size = w.scale_type == ScaleType::f32 ? 4 : 1;
     s.scales = w.scales + row0 / w.block_rows * w.scale_row_stride * scale_size;

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu_features.hpp"
+#include "llm/layers/weights.hpp"
 #include "llm/model_oracle.hpp"
 #include "xmoe/error.hpp"
 
@@ -62,6 +63,21 @@ TEST(QuantizedModels, ModelOutlivesItsCheckpointObject) {
   }
   const Prompt p = load_expected("quant-nvfp4").front();
   EXPECT_EQ(run_alone(*model, p.ids, static_cast<int>(p.greedy.size())).greedy, p.greedy);
+}
+
+// The loader gives a checkpoint's FP8 weights NaN-free row flags of their own (their bytes stay as they are
+// while the model lives), all clear, and no other weight any.
+TEST(QuantizedModels, LoaderGivesFp8WeightsRowFlags) {
+  WeightLoader loader(Checkpoint::open(kModels + "/quant-fp8"), DType::f32);
+  const kernels::PackedWeight q = loader.matrix("model.layers.0.self_attn.q_proj.weight", 64, 160);
+  const kernels::PackedWeight k = loader.matrix("model.layers.0.self_attn.k_proj.weight", 32, 160);
+  ASSERT_EQ(q.format, kernels::WeightFormat::fp8_block);
+  ASSERT_NE(q.nan_free_rows, nullptr);
+  ASSERT_NE(k.nan_free_rows, nullptr);
+  EXPECT_NE(q.nan_free_rows, k.nan_free_rows);
+  EXPECT_FALSE(q.rows_nan_free(0, 1));
+  EXPECT_FALSE(q.rows_nan_free(63, 1));
+  EXPECT_EQ(loader.matrix("model.layers.0.mlp.gate.weight", 8, 160).nan_free_rows, nullptr);  // BF16
 }
 
 // Every kernel level gives the best one's logits to 1e-5 (the linear kernels agree bit for bit; the

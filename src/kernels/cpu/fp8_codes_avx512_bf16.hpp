@@ -117,12 +117,14 @@ inline __m512bh e4m3_normal_to_bf16(__m512i high) {
 // step 1, so a shift puts each code into its word's high byte). guard collects the codes' max with bit 7
 // set (0xFF: a NaN code). Chunks whose codes all have exponent ≥ 1 (the common case) take the
 // two-instruction decode; a chunk with a zero or subnormal code takes the one with the table fix-up.
-struct Fp8Decoder {
+// Guarded: false for rows known to hold no NaN code (PackedWeight::rows_nan_free), which skip the guard.
+template <bool Guarded>
+struct Fp8CodeDecoder {
   __m512i subnormals = e4m3_subnormal_table(), guard = _mm512_setzero_si512();
   // The codes; `fixup` tells whether a code of the first `left` has exponent 0.
   __m512i load(const uint8_t* p, int64_t left, bool& fixup) {
     const __m512i raw = left >= 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(byte_mask(left), p);
-    guard = _mm512_max_epu8(guard, _mm512_or_si512(raw, _mm512_set1_epi8(-128)));
+    if constexpr (Guarded) guard = _mm512_max_epu8(guard, _mm512_or_si512(raw, _mm512_set1_epi8(-128)));
     fixup = _mm512_mask_testn_epi8_mask(byte_mask(left), raw, _mm512_set1_epi8(0x78)) != 0;
     return raw;
   }
@@ -130,7 +132,8 @@ struct Fp8Decoder {
     const __m512i high = s == 0 ? _mm512_slli_epi16(raw, 8) : raw;
     return __builtin_expect(fixup, 0) ? e4m3_to_bf16(high, subnormals) : e4m3_normal_to_bf16(high);
   }
-  bool clean() const { return _mm512_cmpeq_epi8_mask(guard, _mm512_set1_epi8(-1)) == 0; }
+  bool clean() const { return !Guarded || _mm512_cmpeq_epi8_mask(guard, _mm512_set1_epi8(-1)) == 0; }
 };
+using Fp8Decoder = Fp8CodeDecoder<true>;
 
 }  // namespace xmoe::kernels::avx512_bf16

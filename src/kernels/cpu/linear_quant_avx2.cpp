@@ -586,7 +586,9 @@ bool fast_tile(const Dec& dec, const Scales& sc, const uint8_t* data, int64_t ro
 // the multipliers are powers of two, so v · s is exact and x · (v · s) the same real number as
 // (x · s · 2^120) · (v · 2^-120), which stays exact over the call's x; the multiplier goes onto the x
 // vectors, 4 products per 32 columns instead of 4 per row (as linear_quant_avx512.cpp's fp8_tile).
-template <int MR, int NR, bool ScaledX = false>
+//
+// Guarded: false for rows known to hold no NaN code (PackedWeight::rows_nan_free), which skip the check.
+template <int MR, int NR, bool ScaledX = false, bool Guarded = true>
 __attribute__((noinline)) bool fp8_bytes_tile(const Scales& sc, const uint8_t* data, int64_t row_bytes,
                                               int64_t n, int64_t k, const float* xp, float* y, int64_t ldy,
                                               int64_t prefetch_ahead) {
@@ -611,7 +613,7 @@ __attribute__((noinline)) bool fp8_bytes_tile(const Scales& sc, const uint8_t* d
 #pragma GCC unroll 4
     for (int j = 0; j < NR; ++j) {
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + at));
-      guard = _mm256_max_epu8(guard, _mm256_or_si256(raw, _mm256_set1_epi8(-128)));
+      if constexpr (Guarded) guard = _mm256_max_epu8(guard, _mm256_or_si256(raw, _mm256_set1_epi8(-128)));
       const __m256i ordered = _mm256_permute4x64_epi64(raw, _MM_SHUFFLE(3, 1, 2, 0));
       const __m256i w0 =
           _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(zero, ordered), 4), magnitude_bits);
@@ -708,16 +710,25 @@ void stream_rows_fast(const Dec& dec, const Rows& exact, const LinearArgs& a) {
 // copy is xg; each row prefetches the row two tiles below it.
 // scaled_x: quant::fp8_scaled_x_exact for the call (the tiles of one x row whose rows share a block of rows
 // take the ScaledX form).
+// Rows whose flags say they hold no NaN code skip the check; rows found clean are recorded.
 template <int MR, int NR>
 void fp8_bytes_walk(const Fp8Rows& exact, const LinearArgs& a, const float* xg, bool scaled_x) {
   walk_tiles<MR, NR>(exact, a, [&]<int R>(int64_t n, const char* next, int64_t) {
     const int64_t ahead = next ? next - reinterpret_cast<const char*>(exact.data + n * exact.row_bytes) : 0;
+    const auto fast = [&]<bool ScaledX, bool Guarded>() {
+      return fp8_bytes_tile<MR, R, ScaledX, Guarded>(exact.scales, exact.data, exact.row_bytes, n, a.w->cols,
+                                                     xg, a.y, a.ldy, ahead);
+    };
+    const auto checked = [&]<bool ScaledX>() {
+      if (a.w->rows_nan_free(n, R)) return fast.template operator()<ScaledX, false>();
+      if (!fast.template operator()<ScaledX, true>()) return false;
+      a.w->mark_rows_nan_free(n, R);
+      return true;
+    };
     if constexpr (MR == 1)
       if (scaled_x && exact.scales.row_base(n) == exact.scales.row_base(n + R - 1))
-        return fp8_bytes_tile<1, R, true>(exact.scales, exact.data, exact.row_bytes, n, a.w->cols, xg, a.y,
-                                          a.ldy, ahead);
-    return fp8_bytes_tile<MR, R>(exact.scales, exact.data, exact.row_bytes, n, a.w->cols, xg, a.y, a.ldy,
-                                 ahead);
+        return checked.template operator()<true>();
+    return checked.template operator()<false>();
   });
 }
 

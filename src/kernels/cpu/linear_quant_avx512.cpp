@@ -179,24 +179,38 @@ struct Fp8Decoder {
   struct Guard {
     __m128i max16 = _mm_setzero_si128();
     __m256i max32 = _mm256_setzero_si256();
+    void note(__m128i raw) { max16 = _mm_max_epu8(max16, _mm_or_si128(raw, _mm_set1_epi8(-128))); }
+    void note(__m256i raw) { max32 = _mm256_max_epu8(max32, _mm256_or_si256(raw, _mm256_set1_epi8(-128))); }
     bool clean() const {
       const __m128i m = _mm_max_epu8(
           max16, _mm_max_epu8(_mm256_castsi256_si128(max32), _mm256_extracti128_si256(max32, 1)));
       return _mm_movemask_epi8(_mm_cmpeq_epi8(m, _mm_set1_epi8(-1))) == 0;
     }
   };
+  // For rows known to hold no NaN code (PackedWeight::rows_nan_free).
+  struct NoGuard {
+    static void note(__m128i) {}
+    static void note(__m256i) {}
+    static bool clean() { return true; }
+  };
   static Block block(float scale) { return _mm512_set1_ps(scale * 0x1p120f); }  // |scale| < 2^8
-  static __m512 decode(const uint8_t* row, int64_t p, Block b, Guard& g) {
+  template <class G>
+  static __m512 decode(const uint8_t* row, int64_t p, Block b, G& g) {
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + p));
     return finish(raw, b, g);
   }
-  static __m512 decode_tail(const uint8_t* row, int64_t p, Block b, Guard& g, __mmask16 mask) {
+  template <class G>
+  static __m512 decode_tail(const uint8_t* row, int64_t p, Block b, G& g, __mmask16 mask) {
     return _mm512_maskz_mov_ps(mask, finish(_mm_maskz_loadu_epi8(mask, row + p), b, g));
   }
-  static __m512 finish(__m128i raw, Block b, Guard& g) { return _mm512_mul_ps(values(raw, g), b); }
+  template <class G>
+  static __m512 finish(__m128i raw, Block b, G& g) {
+    return _mm512_mul_ps(values(raw, g), b);
+  }
   // The codes' values × 2^-120, without a multiplier.
-  static __m512 values(__m128i raw, Guard& g) {
-    g.max16 = _mm_max_epu8(g.max16, _mm_or_si128(raw, _mm_set1_epi8(-128)));
+  template <class G>
+  static __m512 values(__m128i raw, G& g) {
+    g.note(raw);
     return _mm512_castsi512_ps(
         _mm512_and_si512(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepi8_epi32(0xffff, raw), 20),
                          _mm512_set1_epi32(static_cast<int>(0x87F00000u))));
@@ -207,15 +221,17 @@ struct Fp8Decoder {
   // place. Unpacking works within 128-bit lanes (words 0-3 of each lane to lo, 4-7 to hi), so the codes'
   // dwords are first put in the order 0, 4, 1, 5, 2, 6, 3, 7 (4 codes each): lo gets columns 0..15 and hi
   // 16..31, in order.
-  static void decode32(const uint8_t* row, int64_t p, Block b, Guard& g, __m512& lo, __m512& hi) {
+  template <class G>
+  static void decode32(const uint8_t* row, int64_t p, Block b, G& g, __m512& lo, __m512& hi) {
     values32(row, p, g, lo, hi);
     lo = _mm512_mul_ps(lo, b);
     hi = _mm512_mul_ps(hi, b);
   }
   // The same codes' values × 2^-120, without a multiplier.
-  static void values32(const uint8_t* row, int64_t p, Guard& g, __m512& lo, __m512& hi) {
+  template <class G>
+  static void values32(const uint8_t* row, int64_t p, G& g, __m512& lo, __m512& hi) {
     const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p));
-    g.max32 = _mm256_max_epu8(g.max32, _mm256_or_si256(raw, _mm256_set1_epi8(-128)));
+    g.note(raw);
     const __m256i ordered = _mm256_permutevar8x32_epi32(raw, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     const __m512i words = _mm512_and_si512(
         _mm512_maskz_slli_epi16(~__mmask32(0), _mm512_maskz_cvtepi8_epi16(~__mmask32(0), ordered), 4),
@@ -350,7 +366,9 @@ void fp4_stream(const Fp4Decoder& dec, const LinearArgs& a) {
 // reference's rounds, provided x · s · 2^120 is exact: quant::fp8_scaled_x_exact checks the call's x against
 // its multipliers first. One thread decoding one x row from L2: 17.6 → 21.4 GB/s at 768 × 2048, 16.7 → 20.1
 // at 2048 × 768 (with a per-vector class test of the scaled x instead of that check: 20.4 and 19.3).
-template <int MR, int NR, bool ScaledX = false>
+//
+// Guard: Fp8Decoder::Guard, or NoGuard for rows known to hold no NaN code.
+template <int MR, int NR, bool ScaledX = false, class Guard = Fp8Decoder::Guard>
 bool fp8_tile(const Scales& sc, const uint8_t* data, int64_t row_bytes, int64_t n, int64_t k, const float* x,
               int64_t ldx, float* y, int64_t ldy, int64_t prefetch_ahead) {
   const uint8_t* d[NR];
@@ -364,7 +382,7 @@ bool fp8_tile(const Scales& sc, const uint8_t* data, int64_t row_bytes, int64_t 
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  Fp8Decoder::Guard guard;
+  Guard guard;
   // x row i's vector at p (masked), times the multiplier where ScaledX.
   const auto x_vector = [&](int i, int64_t p, const __m512* mult, __mmask16 mask) {
     const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * ldx + p);
@@ -441,19 +459,31 @@ void fp8_stream(const Fp8Rows& w, const LinearArgs& a, bool scaled_x_exact) {
   const int64_t ahead = 2 * NR * w.row_bytes;
   for (int64_t b = 0; b < std::min(ahead, (a.n1 - a.n0) * w.row_bytes); b += 64)
     _mm_prefetch(reinterpret_cast<const char*>(w.data + a.n0 * w.row_bytes + b), _MM_HINT_T1);
+  // Rows [n, n + R): without the NaN check where their flags say so, else with it, recording rows found
+  // clean; a tile that met a NaN code is redone exactly.
+  const auto run = [&]<int R, bool ScaledX>(int64_t n, int64_t prefetch_ahead) {
+    const auto fast = [&]<class Guard>() {
+      return fp8_tile<MR, R, ScaledX, Guard>(w.scales, w.data, w.row_bytes, n, k, a.x, a.ldx, a.y, a.ldy,
+                                             prefetch_ahead);
+    };
+    if (a.w->rows_nan_free(n, R)) {
+      fast.template operator()<Fp8Decoder::NoGuard>();
+    } else if (fast.template operator()<Fp8Decoder::Guard>()) {
+      a.w->mark_rows_nan_free(n, R);
+    } else {
+      tile<MR, R>(w, n, k, a.x, a.ldx, a.y, a.ldy);
+    }
+  };
   int64_t n = a.n0;
   for (; n + NR <= a.n1; n += NR) {
     w.prefetch_scales(std::min(a.n1, n + 2 * NR), std::min(a.n1, n + 3 * NR));
     // One x row only: each further row adds a product and a class test per vector (3 rows: 4-5 % slower).
-    const bool scaled_x = MR == 1 && scaled_x_exact && w.scales.row_base(n) == w.scales.row_base(n + NR - 1);
-    if (!(scaled_x
-              ? fp8_tile<MR, NR, true>(w.scales, w.data, w.row_bytes, n, k, a.x, a.ldx, a.y, a.ldy, ahead)
-              : fp8_tile<MR, NR>(w.scales, w.data, w.row_bytes, n, k, a.x, a.ldx, a.y, a.ldy, ahead)))
-      tile<MR, NR>(w, n, k, a.x, a.ldx, a.y, a.ldy);
+    if (MR == 1 && scaled_x_exact && w.scales.row_base(n) == w.scales.row_base(n + NR - 1))
+      run.template operator()<NR, true>(n, ahead);
+    else
+      run.template operator()<NR, false>(n, ahead);
   }
-  for (; n < a.n1; ++n)
-    if (!fp8_tile<MR, 1>(w.scales, w.data, w.row_bytes, n, k, a.x, a.ldx, a.y, a.ldy, 0))
-      tile<MR, 1>(w, n, k, a.x, a.ldx, a.y, a.ldy);
+  for (; n < a.n1; ++n) run.template operator()<1, false>(n, 0);
 }
 
 void fp8_decode(const Fp8Rows& w, const LinearArgs& a, bool scaled_x_exact) {

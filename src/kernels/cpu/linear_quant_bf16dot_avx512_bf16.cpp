@@ -156,11 +156,12 @@ bool fp4_tile(const uint8_t* data, int64_t row_bytes, const uint8_t* codes, int6
 
 // y (rows ldy apart, columns from y) for MR scaled x rows (xq: chunk order, rows `padded` words apart) and NR
 // FP8 weight rows from `data`, decoded in registers; false when a NaN code was met (y is then not written).
-// `ahead`: prefetch distance of the weight stream in bytes (0: none).
-template <int MR, int NR>
+// `ahead`: prefetch distance of the weight stream in bytes (0: none). Guarded: false for rows known to hold
+// no NaN code.
+template <int MR, int NR, bool Guarded>
 bool fp8_tile(const uint8_t* data, int64_t row_bytes, int64_t k, const uint16_t* xq, int64_t padded, float* y,
               int64_t ldy, int64_t ahead) {
-  Fp8Decoder dec;
+  Fp8CodeDecoder<Guarded> dec;
   __m512 acc[MR][NR];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i)
@@ -309,11 +310,18 @@ struct Fp8Tile {
     const auto* data = reinterpret_cast<const uint8_t*>(w.data) + n * w.row_bytes;
     const int64_t ahead = i0 == 0 && n + 3 * NR <= a.n1 ? 2 * NR * w.row_bytes : 0;
     float* y = a.y + i0 * a.ldy + n;
+    const bool nan_free = w.rows_nan_free(n, NR);
     const bool ok = dispatch_rows<MRMAX>(rows, [&](auto mr) {
-      return fp8_tile<decltype(mr)::value, NR>(data, w.row_bytes, w.cols, xq + i0 * padded, padded, y, a.ldy,
-                                               ahead);
+      constexpr int kRows = decltype(mr)::value;
+      if (nan_free)
+        return fp8_tile<kRows, NR, false>(data, w.row_bytes, w.cols, xq + i0 * padded, padded, y, a.ldy,
+                                          ahead);
+      return fp8_tile<kRows, NR, true>(data, w.row_bytes, w.cols, xq + i0 * padded, padded, y, a.ldy, ahead);
     });
-    if (!ok) quant::reference_part(a, reference::linear_fp8_block_medium, i0, rows, n, NR);
+    if (!ok)
+      quant::reference_part(a, reference::linear_fp8_block_medium, i0, rows, n, NR);
+    else if (!nan_free)
+      w.mark_rows_nan_free(n, NR);
   }
 };
 

@@ -65,10 +65,17 @@ kernels::PackedWeight WeightLoader::convert_or_map(const WeightView& view, int64
   return w;
 }
 
+kernels::PackedWeight WeightLoader::with_nan_flags(kernels::PackedWeight w) {
+  if (w.format != kernels::WeightFormat::fp8_block) return w;
+  nan_flags_.push_back(std::make_unique<std::atomic<uint8_t>[]>(static_cast<size_t>(w.rows)));  // all 0
+  w.nan_free_rows = nan_flags_.back().get();
+  return w;
+}
+
 kernels::PackedWeight WeightLoader::matrix(const std::string& name, int64_t rows, int64_t cols) {
   if (auto q = quantized_view(ckpt_, name, rows > 0 ? rows : 1, cols)) {
     checkpoint_bytes_ += q->bytes();
-    return *q;
+    return with_nan_flags(*q);
   }
   std::vector<int64_t> shape;
   if (rows > 0) shape.push_back(rows);
@@ -84,6 +91,7 @@ std::vector<kernels::PackedWeight> WeightLoader::stacked(const std::string& name
   std::optional<kernels::PackedWeight> all = quantized_view(ckpt_, name, rows, cols, count);
   if (all) {
     checkpoint_bytes_ += all->bytes();
+    all = with_nan_flags(*all);
   } else {
     const WeightView view = ckpt_.weight(name, shape);
     checkpoint_bytes_ += view.bytes.size();

@@ -2,6 +2,7 @@
 // the layout allows (a BF16 checkpoint run in bf16, an F32 one in f32), or over buffers this loader owns when
 // the model's dtype asks for a conversion (a BF16 checkpoint computed with f32 weights).
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -38,10 +39,14 @@ class WeightLoader {
  private:
   // `view` as a [rows, cols] matrix in the model's compute format, converting when needed.
   kernels::PackedWeight convert_or_map(const WeightView& view, int64_t rows, int64_t cols);
+  // An FP8 view with NaN-free row flags of its own (PackedWeight::nan_free_rows): a checkpoint's bytes stay
+  // as they are while the model lives, so a row the kernels have found clean once need not be checked again.
+  kernels::PackedWeight with_nan_flags(kernels::PackedWeight w);
 
   Checkpoint ckpt_;  // a copy: its shared mappings stay alive as long as the views into them
   DType dtype_;
   std::vector<std::unique_ptr<std::byte[]>> owned_;
+  std::vector<std::unique_ptr<std::atomic<uint8_t>[]>> nan_flags_;
   size_t owned_bytes_ = 0, checkpoint_bytes_ = 0;
 };
 
