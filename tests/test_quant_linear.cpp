@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "fp8_nan_flags_check.hpp"
 #include "kernels/kernels.hpp"
 #include "kernels/linear.hpp"
 #include "kernels/quant/quantize.hpp"
@@ -170,39 +171,19 @@ TEST(QuantLinear, NaNCodesAtDecodeAndPrefillShapes) {
 }
 
 // The FP8 decodes (m ≤ 3 here at every level) record the rows they found free of NaN codes in the view's
-// flags (PackedWeight::nan_free_rows) and leave the check out on those rows later: the first call (checked)
-// and the second (flagged rows unchecked) give the reference's bits, with f32 and power-of-two multipliers
-// alike; a row with a NaN code, and the rest of its tile, stay unflagged; and a flag is taken at its word
-// (every row flagged by hand, the NaN code is decoded as a number).
+// flags and leave the check out on those rows later (test::expect_nan_free_row_flags), with f32 and
+// power-of-two multipliers alike.
 TEST(QuantLinear, Fp8NanFreeRowFlags) {
   const auto levels = vector_levels();
   if (levels.empty()) GTEST_SKIP() << "no AVX2 on this CPU";
   const CpuFeatures features = detect_cpu_features();
-  std::mt19937 rng(19);
-  const int64_t n = 19, k = 272;
-  for (const bool ue8m0 : {false, true}) {
-    auto fp8 = quantize_fp8_block(random_values(n * k, rng, 0.05f).data(), n, k, ue8m0);
-    fp8.data[9 * k + 100] = 0x7F;  // row 9
+  for (const bool ue8m0 : {false, true})
     for (const Isa isa : levels)
-      for (const int64_t m : {1, 2, 3}) {
-        const std::string what =
-            std::string(isa_name(isa)) + (ue8m0 ? " ue8m0" : "") + " m=" + std::to_string(m);
-        std::vector<std::atomic<uint8_t>> flags(n);
-        PackedWeight w = fp8.view();
-        w.nan_free_rows = flags.data();
-        const auto x = random_values(static_cast<size_t>(m * k), rng);
-        const auto want = run(reference_kernel_table(), fp8.view(), x, m, k, 0, n, n);
-        const KernelTable& table = kernel_table(isa, features);
-        expect_same(run(table, w, x, m, k, 0, n, n), want, what + " first call");
-        EXPECT_EQ(flags[9], 0) << what;
-        EXPECT_EQ(flags[0], 1) << what;
-        EXPECT_EQ(flags[18], 1) << what;
-        expect_same(run(table, w, x, m, k, 0, n, n), want, what + " with rows flagged");
-        for (auto& f : flags) f = 1;
-        const auto trusted = run(table, w, x, m, k, 0, n, n);
-        for (int64_t i = 0; i < m; ++i) EXPECT_FALSE(std::isnan(trusted[i * n + 9])) << what;
-      }
-  }
+      for (const int64_t m : {1, 2, 3})
+        test::expect_nan_free_row_flags(
+            kernel_table(isa, features).linear[static_cast<int>(WeightFormat::fp8_block)],
+            reference_kernel_table().linear[static_cast<int>(WeightFormat::fp8_block)], ue8m0, m,
+            std::string(isa_name(isa)) + (ue8m0 ? " ue8m0" : "") + " m=" + std::to_string(m));
 }
 
 // A slice of rows has its rows' flags.

@@ -14,13 +14,13 @@
 #include <omp.h>
 #include <xmmintrin.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "fp8_nan_flags_check.hpp"
 #include "kernels/cpu/linear_quant_bf16dot.hpp"
 #include "kernels/cpu/linear_quant_bf16dot_panel_avx512_bf16.hpp"
 #include "kernels/cpu/linear_quant_bf16tile.hpp"
@@ -292,33 +292,14 @@ TEST(QuantMedium, Nvfp4KernelMatchesReferenceBitForBit) {
 }
 
 // The AVX512-BF16 FP8 decode tiles (both forms; up to 3 x rows here) record the rows they found free of NaN
-// codes in the view's flags and leave the check out on them later: the reference's bits before and after, a
-// row with a NaN code (and the rest of its tile) never flagged, a flag set by hand taken at its word.
+// codes in the view's flags and leave the check out on them later (test::expect_nan_free_row_flags).
 TEST(QuantMedium, Fp8NanFreeRowFlags) {
-  const CpuFeatures features = detect_cpu_features();
-  if (!isa_supported(features, Isa::avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
-  std::mt19937 rng(29);
-  const int64_t n = 19, k = 272;
-  auto fp8 = quantize_fp8_block(random_values(n * k, rng, 0.05f).data(), n, k);
-  fp8.data[9 * k + 100] = 0xFF;  // row 9
+  if (!isa_supported(detect_cpu_features(), Isa::avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   for (const bool wide : {false, true})
-    for (const int64_t m : {1, 2, 3}) {
-      const std::string what = std::string(wide ? "wide" : "narrow") + " m=" + std::to_string(m);
-      const LinearFn kernel = avx512_bf16_kernel(WeightFormat::fp8_block, wide);
-      std::vector<std::atomic<uint8_t>> flags(n);
-      PackedWeight w = fp8.view();
-      w.nan_free_rows = flags.data();
-      const auto x = random_values(static_cast<size_t>(m * k), rng);
-      const auto want = run(medium_reference(), fp8.view(), x, m, k, 0, n, n);
-      expect_same(run(kernel, w, x, m, k, 0, n, n), want, what + " first call");
-      EXPECT_EQ(flags[9], 0) << what;
-      EXPECT_EQ(flags[0], 1) << what;
-      EXPECT_EQ(flags[18], 1) << what;
-      expect_same(run(kernel, w, x, m, k, 0, n, n), want, what + " with rows flagged");
-      for (auto& f : flags) f = 1;
-      const auto trusted = run(kernel, w, x, m, k, 0, n, n);
-      for (int64_t i = 0; i < m; ++i) EXPECT_FALSE(std::isnan(trusted[i * n + 9])) << what;
-    }
+    for (const int64_t m : {1, 2, 3})
+      test::expect_nan_free_row_flags(avx512_bf16_kernel(WeightFormat::fp8_block, wide),
+                                      reference::linear_fp8_block_medium, false, m,
+                                      std::string(wide ? "wide" : "narrow") + " m=" + std::to_string(m));
 }
 
 // Every E4M3 code point as an element (subnormals, both zeros, NaN in its own row), FP8 blocks of 16 columns
