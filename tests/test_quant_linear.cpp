@@ -186,6 +186,18 @@ TEST(QuantLinear, Fp8NanFreeRowFlags) {
             std::string(isa_name(isa)) + (ue8m0 ? " ue8m0" : "") + " m=" + std::to_string(m));
 }
 
+// The prefill panels (here 40 x rows at every level) flag the clean rows they decode too, so a prompt leaves
+// its experts' rows trusted for the decode steps after it.
+TEST(QuantLinear, Fp8PanelsFlagCleanRows) {
+  const auto levels = vector_levels();
+  if (levels.empty()) GTEST_SKIP() << "no AVX2 on this CPU";
+  const CpuFeatures features = detect_cpu_features();
+  for (const Isa isa : levels)
+    test::expect_panels_flag_clean_rows(
+        kernel_table(isa, features).linear[static_cast<int>(WeightFormat::fp8_block)],
+        reference_kernel_table().linear[static_cast<int>(WeightFormat::fp8_block)], 40, isa_name(isa));
+}
+
 // A slice of rows has its rows' flags.
 TEST(QuantLinear, SliceOfRowsKeepsItsRowsFlags) {
   std::mt19937 rng(23);

@@ -302,6 +302,16 @@ TEST(QuantMedium, Fp8NanFreeRowFlags) {
                                       std::string(wide ? "wide" : "narrow") + " m=" + std::to_string(m));
 }
 
+// Its decoded panels flag the clean rows too: whole groups (fp8_decode_rows) and groups decoded between the
+// tiles' steps (Fp8PanelRows), at the thresholds' row counts and a long prefill's.
+TEST(QuantMedium, Fp8PanelsFlagCleanRows) {
+  if (!isa_supported(detect_cpu_features(), Isa::avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  for (const int64_t m : panel_row_counts(WeightFormat::fp8_block))
+    if (m >= avx512_bf16::kQuantPanelMinRowsFp8)
+      test::expect_panels_flag_clean_rows(avx512_bf16::linear_fp8_block_medium,
+                                          reference::linear_fp8_block_medium, m, "m=" + std::to_string(m));
+}
+
 // Every E4M3 code point as an element (subnormals, both zeros, NaN in its own row), FP8 blocks of 16 columns
 // (multipliers differing inside a chunk), E8M0 FP8 scales. 40 rows make the AVX512-BF16 kernel decode the
 // next group of weight rows between the steps of the current group's tiles (the NaN row's group included).

@@ -798,7 +798,10 @@ struct Fp8PanelPacker {
         return mask.full ? Fp8Decoder::decode(row, p, b, guard)
                          : Fp8Decoder::decode_tail(row, p, b, guard, k - p, mask);
       });
-      if (guard.clean()) return;
+      if (guard.clean()) {
+        w.scales.w->mark_rows_nan_free(j, rows);  // whole rows read: the decode tiles may trust them later
+        return;
+      }
     }
     pack(j, rows, panel, [&](int64_t n, int64_t p, int64_t index, const TailMask& mask) {
       return w.load(n, p, w.scales.get(index), k, mask);

@@ -530,7 +530,10 @@ struct Fp8PanelPacker {
   bool integer_decode;
   WeightSpan span(int64_t j, int rows) const { return rows_span(w.data, w.row_bytes, w.row_bytes, j, rows); }
   void operator()(int64_t j, int rows, float* panel) const {
-    if (integer_decode && pack_integer(j, rows, panel)) return;
+    if (integer_decode && pack_integer(j, rows, panel)) {
+      w.scales.w->mark_rows_nan_free(j, rows);  // whole rows read: the decode tiles may trust them later
+      return;
+    }
     for (int r = 0; r < rows; ++r) {
       const int64_t n = j + r, base = w.scales.row_base(n);
       const int steps_per_block = w.scales.steps_per_block();
