@@ -36,11 +36,12 @@ struct PackedWeight {
   int64_t scale_row_stride = 0;  // in scale elements
   int block_rows = 1, block_cols = 1;
   float global_scale = 1.0f;  // multiplies every element (NVFP4's weight_scale_2); 1 for the other formats
-  // FP8 block, optional: one flag per row of this view, which the decode kernels (few x rows) set once they
-  // have read the whole row and met no NaN code (S.1111.111), and on which they then leave that check out (a
-  // running max per 16-64 codes: 4-14 % of one thread's decode at one x row, by level and precision). Only
-  // for bytes that stay as they are while the weight lives: the loader attaches flags it owns to a
-  // checkpoint's FP8 weights; views without them (null) are checked on every call.
+  // FP8 block, optional: one flag per row of this view, which the decode tiles and prefill panels set once
+  // they have read the whole row and met no NaN code (S.1111.111), and on which the decode tiles (few x
+  // rows) then leave that check out (a running max per 16-64 codes: 4-14 % of one thread's decode from L2 by
+  // level and precision; from DRAM 7-8 % of an AVX2 step's FP8 time, ~1 % at AVX-512). Only for bytes that
+  // stay as they are while the weight lives: the loader attaches flags it owns to a checkpoint's FP8
+  // weights; views without them (null) are checked on every call.
   std::atomic<uint8_t>* nan_free_rows = nullptr;
 
   // Whether rows [n, n + count) are known to hold no NaN code.
