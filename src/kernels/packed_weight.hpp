@@ -56,6 +56,16 @@ struct PackedWeight {
     if (nan_free_rows == nullptr) return;
     for (int64_t r = n; r < n + count; ++r) nan_free_rows[r].store(1, std::memory_order_relaxed);
   }
+  // A decode tile over rows [n, n + count): tile.template operator()<Checked>() returns false when it met a
+  // NaN code (only where Checked). Unchecked where the rows are flagged; else checked, flagging the rows when
+  // they were clean. Returns the tile's result.
+  template <class Tile>
+  bool decode_rows_nan_checked(int64_t n, int64_t count, Tile&& tile) const {
+    if (rows_nan_free(n, count)) return tile.template operator()<false>();
+    if (!tile.template operator()<true>()) return false;
+    mark_rows_nan_free(n, count);
+    return true;
+  }
 
   // Bytes one full pass over the matrix reads (elements and scales), for bandwidth figures.
   size_t bytes() const;

@@ -57,19 +57,21 @@ void reference_part(const LinearArgs& args, LinearFn reference, int64_t i0, int6
 // scalar decoders of their own (an inline function compiled with AVX-512 flags could be the copy the linker
 // keeps for every caller).
 void fill_scale_table(const PackedWeight& w, float table[256]);
-// Whether every FP8 block multiplier s of rows [n0, n1) has |s| < limit (so not NaN).
-bool fp8_scales_foldable(const PackedWeight& w, int64_t n0, int64_t n1, float limit);
-// Whether the vector levels may decode the FP8 codes of rows [n0, n1) by integer operations as f32 values ×
-// 2^-120 (normals and subnormals alike) with 2^120 folded into each block multiplier: every multiplier is
-// below 2^8 (so s · 2^120 is exact) and MXCSR does not treat subnormal inputs as zero (DAZ), so the product
-// of such a value and the folded multiplier is the same real number as the reference's product and rounds
-// to the same f32.
-bool fp8_integer_decode_exact(const PackedWeight& w, int64_t n0, int64_t n1);
-// Whether every FP8 block multiplier of the call's rows [a.n0, a.n1) is a power of two in [2^-100, 2^7]
-// (DeepSeek-V3.1's ue8m0 scales: then v · s is exact for every E4M3 value v) and every nonzero x value of the
-// call times every multiplier · 2^120 stays in f32's normal range (a NaN or infinite x fails): the check
-// before the AVX-512 and AVX2 decodes multiply x instead of the weights.
-bool fp8_scaled_x_exact(const LinearArgs& a);
+// What the vector levels' FP8 decodes may do for the call `a`, from one pass over the block multipliers of
+// its rows [a.n0, a.n1) (and, at one x row, over x):
+struct Fp8DecodeForms {
+  // The codes decoded by integer operations as f32 values × 2^-120 (normals and subnormals alike) with 2^120
+  // folded into each block multiplier: every multiplier is below 2^8 (so s · 2^120 is exact) and MXCSR does
+  // not treat subnormal inputs as zero (DAZ), so the product of such a value and the folded multiplier is the
+  // same real number as the reference's product and rounds to the same f32.
+  bool integer_decode = false;
+  // One x row, and the integer decode may multiply x instead of the weights: every multiplier is a power of
+  // two in [2^-100, 2^7] (DeepSeek-V3.1's ue8m0 scales: then v · s is exact for every E4M3 value v) and
+  // every nonzero x value times every multiplier · 2^120 stays in f32's normal range (a NaN or infinite x
+  // fails).
+  bool scaled_x = false;
+};
+Fp8DecodeForms fp8_decode_forms(const LinearArgs& a);
 }  // namespace quant
 
 }  // namespace xmoe::kernels

@@ -184,8 +184,9 @@ void tile(const Rows& w, int64_t n, int64_t k, const float* x, int64_t ldx, floa
 // leaving a handful of vector instructions per 16 weights (the exact tile above decodes every element's
 // value and multiplier separately).
 //  * FP8: the codes decoded by integer operations as their values × 2^-120 (Fp8Decoder::finish), times the
-//    block's multiplier · 2^120 (exact where quant::fp8_integer_decode_exact), give the product the reference
-//    rounds. NaN codes (S.1111.111) are tracked, not decoded: a tile that met one is redone exactly.
+//    block's multiplier · 2^120 (exact where quant::Fp8DecodeForms::integer_decode), give the product the
+//    reference rounds. NaN codes (S.1111.111) are tracked, not decoded: a tile that met one is redone
+//    exactly.
 //  * FP4: the eight E2M1 magnitudes times the multiplier as one 8-entry table (vpermps), the sign xor-ed in:
 //    (−v) · s is −(v · s) bit for bit, so each lane holds the reference's product.
 // Up to kByteLookupRows rows these run only where the byte-lookup decoders below do not apply (FP8 blocks of
@@ -582,10 +583,10 @@ bool fast_tile(const Dec& dec, const Scales& sc, const uint8_t* data, int64_t ro
 // codes where finish takes two, no sign extension, and one prefetch per row and 64 columns. Returns false
 // when a NaN code was met (the caller redoes the tile exactly). Not inlined, as fp4_bytes_tile.
 //
-// ScaledX (one x row; the NR rows in one block of rows; quant::fp8_scaled_x_exact for the call's x and rows):
-// the multipliers are powers of two, so v · s is exact and x · (v · s) the same real number as
-// (x · s · 2^120) · (v · 2^-120), which stays exact over the call's x; the multiplier goes onto the x
-// vectors, 4 products per 32 columns instead of 4 per row (as linear_quant_avx512.cpp's fp8_tile).
+// ScaledX (one x row; the NR rows in one block of rows; quant::Fp8DecodeForms::scaled_x for the call's x and
+// rows): the multipliers are powers of two, so v · s is exact and x · (v · s) the same real number as (x · s
+// · 2^120) · (v · 2^-120), which stays exact over the call's x; the multiplier goes onto the x vectors, 4
+// products per 32 columns instead of 4 per row (as linear_quant_avx512.cpp's fp8_tile).
 //
 // Guarded: false for rows known to hold no NaN code (PackedWeight::rows_nan_free), which skip the check.
 template <int MR, int NR, bool ScaledX = false, bool Guarded = true>
@@ -708,22 +709,18 @@ void stream_rows_fast(const Dec& dec, const Rows& exact, const LinearArgs& a) {
 
 // FP8 byte-lookup decode of rows [a.n0, a.n1) for MR x rows (a.x, a.y: the group's first row) whose permuted
 // copy is xg; each row prefetches the row two tiles below it.
-// scaled_x: quant::fp8_scaled_x_exact for the call (the tiles of one x row whose rows share a block of rows
-// take the ScaledX form).
-// Rows whose flags say they hold no NaN code skip the check; rows found clean are recorded.
+// scaled_x: quant::Fp8DecodeForms::scaled_x for the call (the tiles of one x row whose rows share a block of
+// rows take the ScaledX form). Rows whose flags say they hold no NaN code skip the check; rows found clean
+// are recorded.
 template <int MR, int NR>
 void fp8_bytes_walk(const Fp8Rows& exact, const LinearArgs& a, const float* xg, bool scaled_x) {
   walk_tiles<MR, NR>(exact, a, [&]<int R>(int64_t n, const char* next, int64_t) {
     const int64_t ahead = next ? next - reinterpret_cast<const char*>(exact.data + n * exact.row_bytes) : 0;
-    const auto fast = [&]<bool ScaledX, bool Guarded>() {
-      return fp8_bytes_tile<MR, R, ScaledX, Guarded>(exact.scales, exact.data, exact.row_bytes, n, a.w->cols,
-                                                     xg, a.y, a.ldy, ahead);
-    };
     const auto checked = [&]<bool ScaledX>() {
-      if (a.w->rows_nan_free(n, R)) return fast.template operator()<ScaledX, false>();
-      if (!fast.template operator()<ScaledX, true>()) return false;
-      a.w->mark_rows_nan_free(n, R);
-      return true;
+      return a.w->decode_rows_nan_checked(n, R, [&]<bool Guarded>() {
+        return fp8_bytes_tile<MR, R, ScaledX, Guarded>(exact.scales, exact.data, exact.row_bytes, n,
+                                                       a.w->cols, xg, a.y, a.ldy, ahead);
+      });
     };
     if constexpr (MR == 1)
       if (scaled_x && exact.scales.row_base(n) == exact.scales.row_base(n + R - 1))
@@ -733,7 +730,8 @@ void fp8_bytes_walk(const Fp8Rows& exact, const LinearArgs& a, const float* xg, 
 }
 
 // Up to kByteLookupRows x rows, in slices and groups (slices_by_groups).
-void fp8_bytes_rows(const Fp8Rows& exact, const LinearArgs& a) {
+// scaled_x: quant::Fp8DecodeForms::scaled_x for the call.
+void fp8_bytes_rows(const Fp8Rows& exact, const LinearArgs& a, bool scaled_x) {
   const int64_t k = a.w->cols, kp = (k + 31) / 32 * 32;
   // x rows in the tile's lane order, zero past k (64-byte aligned: aligned loads in the tile).
   Buffer<float> xp_buffer;
@@ -743,7 +741,6 @@ void fp8_bytes_rows(const Fp8Rows& exact, const LinearArgs& a) {
       const int64_t c = p % 32, half = c / 16, q = c % 16;  // column q of a 16-column half
       xp[i * kp + p - c + half * 16 + (q % 8 < 4 ? 0 : 8) + (q / 8) * 4 + q % 4] = a.x[i * a.ldx + p];
     }
-  const bool scaled_x = a.m == 1 && quant::fp8_scaled_x_exact(a);
   slices_by_groups(a, exact.row_bytes, [&]<int MR, int NR>(const LinearArgs& part, int64_t i) {
     fp8_bytes_walk<MR, NR>(exact, part, xp + i * kp, scaled_x);
   });
@@ -782,8 +779,8 @@ void stream_rows(const Rows& w, const LinearArgs& a) {
 // decoders (Fp8Decoder, Fp4Decoder) where they apply. Each packer names its rows' codes (`span`), which the
 // tiles over the panel before prefetch.
 
-// FP8: the integer decode (Fp8Decoder) where quant::fp8_integer_decode_exact; a panel in which that met a NaN
-// code is decoded again by the exact conversion (Fp8Rows::load), which every panel takes otherwise.
+// FP8: the integer decode (Fp8Decoder) where quant::Fp8DecodeForms::integer_decode; a panel in which that met
+// a NaN code is decoded again by the exact conversion (Fp8Rows::load), which every panel takes otherwise.
 struct Fp8PanelPacker {
   const Fp8Rows& w;
   int64_t k;
@@ -856,8 +853,10 @@ void linear(const LinearArgs& a, WeightFormat format) {
     if (a.m <= 3) return stream_fast(Fp4Decoder(w.scales), w, a);
   } else {
     // Scans every block scale of the rows: once per call.
-    const bool integer_decode = quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1);
-    if (integer_decode && a.m <= kByteLookupRows && a.w->block_cols % 32 == 0) return fp8_bytes_rows(w, a);
+    const quant::Fp8DecodeForms forms = quant::fp8_decode_forms(a);
+    const bool integer_decode = forms.integer_decode;
+    if (integer_decode && a.m <= kByteLookupRows && a.w->block_cols % 32 == 0)
+      return fp8_bytes_rows(w, a, forms.scaled_x);
     if (integer_decode && a.m <= 3) return stream_fast(Fp8Decoder{}, w, a);
     if (a.m > 3)
       return panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,

@@ -168,7 +168,7 @@ void stream_rows(const Rows& w, const LinearArgs& a) {
 //  * FP8: a code sign-extended to 32 bits, shifted left by 20 and masked with 0x87F00000 is the f32 whose
 //    bits are S.0000EEEE.MMM0…: the E4M3 value × 2^-120 exactly, normals (exponent bias 127 instead of 7) and
 //    subnormals (an f32 subnormal with the same mantissa) alike. Times the block multiplier · 2^120 it is
-//    the reference's product where quant::fp8_integer_decode_exact. NaN codes are tracked, not decoded.
+//    the reference's product where quant::Fp8DecodeForms::integer_decode. NaN codes are tracked, not decoded.
 //  * FP4: see Fp4Decoder.
 
 struct Fp8Decoder {
@@ -363,7 +363,7 @@ void fp4_stream(const Fp4Decoder& dec, const LinearArgs& a) {
 // as DeepSeek-V3.1's `scale_fmt: ue8m0` makes them. Then the reference's weight v · s is exact, and x · (v ·
 // s) is the same real number as (x · s · 2^120) · (v · 2^-120), so the multiplier goes onto the x vector once
 // per step (shared by the NR rows) instead of onto every row's weights, and each FMA rounds what the
-// reference's rounds, provided x · s · 2^120 is exact: quant::fp8_scaled_x_exact checks the call's x against
+// reference's rounds, provided x · s · 2^120 is exact: quant::fp8_decode_forms checks the call's x against
 // its multipliers first. One thread decoding one x row from L2: 17.6 → 21.4 GB/s at 768 × 2048, 16.7 → 20.1
 // at 2048 × 768 (with a per-vector class test of the scaled x instead of that check: 20.4 and 19.3).
 //
@@ -462,17 +462,12 @@ void fp8_stream(const Fp8Rows& w, const LinearArgs& a, bool scaled_x_exact) {
   // Rows [n, n + R): without the NaN check where their flags say so, else with it, recording rows found
   // clean; a tile that met a NaN code is redone exactly.
   const auto run = [&]<int R, bool ScaledX>(int64_t n, int64_t prefetch_ahead) {
-    const auto fast = [&]<class Guard>() {
+    const bool clean = a.w->decode_rows_nan_checked(n, R, [&]<bool Checked>() {
+      using Guard = std::conditional_t<Checked, Fp8Decoder::Guard, Fp8Decoder::NoGuard>;
       return fp8_tile<MR, R, ScaledX, Guard>(w.scales, w.data, w.row_bytes, n, k, a.x, a.ldx, a.y, a.ldy,
                                              prefetch_ahead);
-    };
-    if (a.w->rows_nan_free(n, R)) {
-      fast.template operator()<Fp8Decoder::NoGuard>();
-    } else if (fast.template operator()<Fp8Decoder::Guard>()) {
-      a.w->mark_rows_nan_free(n, R);
-    } else {
-      tile<MR, R>(w, n, k, a.x, a.ldx, a.y, a.ldy);
-    }
+    });
+    if (!clean) tile<MR, R>(w, n, k, a.x, a.ldx, a.y, a.ldy);
   };
   int64_t n = a.n0;
   for (; n + NR <= a.n1; n += NR) {
@@ -642,13 +637,10 @@ void linear(const LinearArgs& a, WeightFormat format) {
         return slices_by_groups(a, bytes_per_row, [&](const LinearArgs& part) { fp4_decode<32>(dec, part); });
       return slices_by_groups(a, bytes_per_row, [&](const LinearArgs& part) { fp4_decode<16>(dec, part); });
     } else {
-      if (quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1)) {
-        // Only one x row takes the scaled-x tiles (fp8_stream).
-        const bool scaled_x_exact = a.m == 1 && quant::fp8_scaled_x_exact(a);
+      if (const quant::Fp8DecodeForms forms = quant::fp8_decode_forms(a); forms.integer_decode)
         return slices_by_groups(
-            a, w.row_bytes, [&](const LinearArgs& part) { fp8_decode(w, part, scaled_x_exact); },
+            a, w.row_bytes, [&](const LinearArgs& part) { fp8_decode(w, part, forms.scaled_x); },
             kFp8GroupRows);
-      }
       return slices_by_groups(a, w.row_bytes, [&](const LinearArgs& part) {
         switch (part.m) {
           case 1:
@@ -671,9 +663,8 @@ void linear(const LinearArgs& a, WeightFormat format) {
     return panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
                                  Fp4PanelPacker<16>{dec, *a.w});
   } else {
-    const bool integer_decode = quant::fp8_integer_decode_exact(*a.w, a.n0, a.n1);
     panels::linear_panels(a.x, a.ldx, a.m, a.w->cols, a.n0, a.n1, a.y, a.ldy,
-                          Fp8PanelPacker{w, a.w->cols, integer_decode});
+                          Fp8PanelPacker{w, a.w->cols, quant::fp8_decode_forms(a).integer_decode});
   }
 }
 

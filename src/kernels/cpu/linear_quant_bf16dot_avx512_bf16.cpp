@@ -310,18 +310,13 @@ struct Fp8Tile {
     const auto* data = reinterpret_cast<const uint8_t*>(w.data) + n * w.row_bytes;
     const int64_t ahead = i0 == 0 && n + 3 * NR <= a.n1 ? 2 * NR * w.row_bytes : 0;
     float* y = a.y + i0 * a.ldy + n;
-    const bool nan_free = w.rows_nan_free(n, NR);
-    const bool ok = dispatch_rows<MRMAX>(rows, [&](auto mr) {
-      constexpr int kRows = decltype(mr)::value;
-      if (nan_free)
-        return fp8_tile<kRows, NR, false>(data, w.row_bytes, w.cols, xq + i0 * padded, padded, y, a.ldy,
-                                          ahead);
-      return fp8_tile<kRows, NR, true>(data, w.row_bytes, w.cols, xq + i0 * padded, padded, y, a.ldy, ahead);
+    const bool ok = w.decode_rows_nan_checked(n, NR, [&]<bool Guarded>() {
+      return dispatch_rows<MRMAX>(rows, [&](auto mr) {
+        return fp8_tile<decltype(mr)::value, NR, Guarded>(data, w.row_bytes, w.cols, xq + i0 * padded, padded,
+                                                          y, a.ldy, ahead);
+      });
     });
-    if (!ok)
-      quant::reference_part(a, reference::linear_fp8_block_medium, i0, rows, n, NR);
-    else if (!nan_free)
-      w.mark_rows_nan_free(n, NR);
+    if (!ok) quant::reference_part(a, reference::linear_fp8_block_medium, i0, rows, n, NR);
   }
 };
 

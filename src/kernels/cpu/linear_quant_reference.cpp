@@ -24,57 +24,38 @@ void fill_scale_table(const PackedWeight& w, float table[256]) {
   }
 }
 
-bool fp8_scales_foldable(const PackedWeight& w, int64_t n0, int64_t n1, float limit) {
-  const int64_t blocks = (w.cols + w.block_cols - 1) / w.block_cols;
-  for (int64_t r = n0 / w.block_rows; r * w.block_rows < n1; ++r)
-    for (int64_t b = 0; b < blocks; ++b)
-      if (!(std::fabs(decode_scale(w.scale_type, w.scales, r * w.scale_row_stride + b)) < limit))
-        return false;
-  return true;
-}
-
-bool fp8_integer_decode_exact(const PackedWeight& w, int64_t n0, int64_t n1) {
+Fp8DecodeForms fp8_decode_forms(const LinearArgs& a) {
   constexpr unsigned kDenormalsAreZero = 0x40;  // MXCSR.DAZ
-  return (_mm_getcsr() & kDenormalsAreZero) == 0 && fp8_scales_foldable(w, n0, n1, 0x1p8f);
-}
-
-namespace {
-
-// Whether every FP8 block multiplier of the rows [n0, n1) is a power of two in [2^-100, 2^7]; their least and
-// greatest into lo, hi.
-bool fp8_power_of_two_range(const PackedWeight& w, int64_t n0, int64_t n1, float& lo, float& hi) {
-  lo = 0x1p7f;
-  hi = 0x1p-100f;
+  const PackedWeight& w = *a.w;
+  if ((_mm_getcsr() & kDenormalsAreZero) != 0) return {};
+  bool powers_of_two = true;  // every multiplier s = 2^(e - 1) with -99 <= e <= 8
+  float lo = 0x1p7f, hi = 0x1p-100f;
   const int64_t blocks = (w.cols + w.block_cols - 1) / w.block_cols;
-  for (int64_t r = n0 / w.block_rows; r * w.block_rows < n1; ++r)
+  for (int64_t r = a.n0 / w.block_rows; r * w.block_rows < a.n1; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
-      int e = 0;
       const float s = decode_scale(w.scale_type, w.scales, r * w.scale_row_stride + b);
-      if (!(s > 0 && std::frexp(s, &e) == 0.5f && e >= -99 && e <= 8)) return false;  // s = 2^(e - 1)
+      if (!(std::fabs(s) < 0x1p8f)) return {};  // NaN too
+      int e = 0;
+      powers_of_two = powers_of_two && s > 0 && std::frexp(s, &e) == 0.5f && e >= -99 && e <= 8;
       lo = std::min(lo, s);
       hi = std::max(hi, s);
     }
-  return true;
-}
-
-}  // namespace
-
-bool fp8_scaled_x_exact(const LinearArgs& a) {
-  float lo, hi;
-  if (!fp8_power_of_two_range(*a.w, a.n0, a.n1, lo, hi)) return false;
+  Fp8DecodeForms forms;
+  forms.integer_decode = true;
+  if (a.m != 1 || !powers_of_two) return forms;
   float x_min = std::numeric_limits<float>::infinity(), x_max = 0.0f;  // of the nonzero magnitudes
   bool nan = false;
-  for (int64_t i = 0; i < a.m; ++i)
-    for (int64_t p = 0; p < a.w->cols; ++p) {
-      const float mag = std::fabs(a.x[i * a.ldx + p]);
-      nan |= mag != mag;
-      x_max = std::max(x_max, mag);
-      x_min = std::min(x_min, mag == 0.0f ? std::numeric_limits<float>::infinity() : mag);
-    }
+  for (int64_t p = 0; p < w.cols; ++p) {
+    const float mag = std::fabs(a.x[p]);
+    nan |= mag != mag;
+    x_max = std::max(x_max, mag);
+    x_min = std::min(x_min, mag == 0.0f ? std::numeric_limits<float>::infinity() : mag);
+  }
   // Powers of two: each product is exact unless it leaves the normal range, so the extremes decide.
   const double largest = double(x_max) * hi * 0x1p120, least = double(x_min) * lo * 0x1p120;
-  return !nan && largest <= double(std::numeric_limits<float>::max()) &&
-         (x_max == 0.0f || least >= double(std::numeric_limits<float>::min()));
+  forms.scaled_x = !nan && largest <= double(std::numeric_limits<float>::max()) &&
+                   (x_max == 0.0f || least >= double(std::numeric_limits<float>::min()));
+  return forms;
 }
 
 void reference_part(const LinearArgs& args, LinearFn reference, int64_t i0, int64_t rows, int64_t n,
