@@ -64,9 +64,9 @@ TEST(LinearBf16Dot, KernelMatchesReferenceBitForBit) {
   EXPECT_GT(cases, 300);
 }
 
-// Decode (1 to 3 x rows) with its software prefetches and without them (the table's choice on AMD): the
-// reference's bits either way, over enough rows of k = 2048 that the prefetches run ahead; the medium table
-// holds the form for the CPU's vendor.
+// Decode (1 to 3 x rows) with its software prefetches and without them at one x row (the table's choice on
+// AMD): the reference's bits either way, over enough rows of k = 2048 that the prefetches run ahead; the
+// medium table holds the form for the CPU's vendor.
 TEST(LinearBf16Dot, DecodeWithOrWithoutSoftwarePrefetchesKeepsTheBits) {
   const KernelTable* fast = fast_medium_table();
   if (!fast) GTEST_SKIP() << "no AVX512-BF16 on this CPU";

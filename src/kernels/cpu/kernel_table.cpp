@@ -111,9 +111,9 @@ KernelTable with_medium_bf16(KernelTable t, LinearFn linear_bf16_medium, bool am
   return t;
 }
 
-// The AVX512-BF16 level's medium table in the forms for AMD CPUs (`amd`: the decode streams BF16 weights with
-// the hardware prefetchers alone, linear_bf16dot_avx512_bf16.cpp, and quantized ones in wider tiles,
-// linear_quant_bf16dot_avx512_bf16.cpp) or for the others.
+// The AVX512-BF16 level's medium table in the forms for AMD CPUs (`amd`: the decode of one x row streams BF16
+// weights with the hardware prefetchers alone, linear_bf16dot_avx512_bf16.cpp, and quantized ones in wider
+// tiles, linear_quant_bf16dot_avx512_bf16.cpp) or for the others.
 KernelTable avx512_bf16_medium_table(bool l2_blocks, bool amd) {
   return with_medium_bf16(
       make_avx512_bf16(l2_blocks),

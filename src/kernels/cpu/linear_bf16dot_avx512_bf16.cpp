@@ -52,6 +52,13 @@ constexpr int64_t kAhead = 2;
 // at 58-60 GB/s; `generate --measure-bandwidth` alternated 8 times, per-step median share at the probes
 // between steps 84.2-86.6 % → 89.8-92.5 % (34-38 GB/s), 79 → 82-84 % (62-67 GB/s). Sapphire Rapids was tuned
 // with the prefetches (the figures above), so the kernel table picks by vendor (kernel_table.cpp).
+//
+// That holds for one x row only: 2 and 3 rows keep the prefetches on Zen 4 too. Their x rows (2-3 × 2k
+// bytes) no longer stay in L1 beside the weight row streaming through, so each step waits on L2 for x as
+// well, and the hardware prefetchers alone fall behind: one thread streaming distinct weight copies from
+// DRAM, the two forms alternated call by call, the prefetching one ran 3 rows at 1.24-1.56× the speed
+// (2048 × 4096: 13.5 → 21.1 GB/s; 4096 × 2048, 1536 × 2048, 2048 × 768: 1.34, 1.24, 1.35×) and 2 rows at
+// 1.14-1.35× (0.85× at 1536 × 2048), one row at 0.89-1.17×.
 constexpr int64_t kDecodeAheadBytes = 16 << 10;
 
 // The columns [n0, n1) for one chunk of packed x rows, NR weight rows at a time, then one at a time; each
@@ -72,8 +79,8 @@ void chunk_columns(const uint16_t* xp, int64_t rows, int64_t steps, const bf16* 
   for (; j < n1; ++j) group<1>(xp, rows, steps, w + j * ldw, ldw, k, y + j, ldy, nullptr, 0);
 }
 
-// kDecodePrefetch: whether decode (up to 3 x rows) prefetches the weight rows ahead.
-template <bool kDecodePrefetch>
+// kOneRowPrefetch: whether decode of one x row prefetches the weight rows ahead (2 and 3 rows always do).
+template <bool kOneRowPrefetch>
 void linear_bf16_medium_rows(const LinearArgs& a) {
   const bf16* w = reinterpret_cast<const bf16*>(a.w->data);
   const int64_t k = a.w->cols, ldw = a.w->row_bytes / 2, steps = (k + 31) / 32;
@@ -85,10 +92,10 @@ void linear_bf16_medium_rows(const LinearArgs& a) {
     const int64_t rows = std::min(kChunkRows, a.m - c0);
     pack_x(a.x + c0 * a.ldx, a.ldx, rows, k, xp.get());
     float* y = a.y + c0 * a.ldy;
+    const int64_t decode_ahead_rows = std::max<int64_t>(1, (kDecodeAheadBytes + ldw * 2 - 1) / (ldw * 2));
     if (rows <= 3)
-      chunk_columns<1>(
-          xp.get(), rows, steps, w, ldw, k, a.n0, a.n1, y, a.ldy,
-          kDecodePrefetch ? std::max<int64_t>(1, (kDecodeAheadBytes + ldw * 2 - 1) / (ldw * 2)) : 0);
+      chunk_columns<1>(xp.get(), rows, steps, w, ldw, k, a.n0, a.n1, y, a.ldy,
+                       kOneRowPrefetch || rows > 1 ? decode_ahead_rows : 0);
     else if (tile_rows(rows, steps) == kWideTileRows)
       chunk_columns<kWideGroupCols>(xp.get(), rows, steps, w, ldw, k, a.n0, a.n1, y, a.ldy,
                                     kAhead * kWideGroupCols);

@@ -60,7 +60,7 @@ XMOE_DECLARE_LINEAR_FLOAT
 namespace avx512_bf16 {
 void gemm_bf16(const GemmArgs<bf16, float>& args);  // VDPBF16PS microkernel
 void linear_bf16_medium(const LinearArgs& args);    // the `medium` precision's BF16 linear (VDPBF16PS)
-// The same, its decode (up to 3 x rows) reading the weights without software prefetches (AMD: see the .cpp)
+// The same, its decode of one x row reading the weights without software prefetches (AMD: see the .cpp)
 void linear_bf16_medium_hardware_prefetch(const LinearArgs& args);
 }  // namespace avx512_bf16
 namespace amx {
