@@ -78,8 +78,8 @@ for batch in "${BATCH_SIZES[@]}"; do
   echo "== decode: $batch sequences x $DECODE_TOKENS tokens, 32-token prompts, $THREADS threads, $REPS runs, matmul precision ${PRECISIONS[*]}, binaries ${LABELS[*]}"
   prompts=()
   for s in $(seq 0 $((batch - 1))); do prompts+=(--prompt-ids "$(ids 32 "$s")"); done
-  unset rates shares between
-  declare -A rates shares between
+  unset rates shares between steady
+  declare -A rates shares between steady
   for r in $(seq "$REPS"); do
     for p in "${PRECISIONS[@]}"; do
       for b in "${LABELS[@]}"; do
@@ -95,6 +95,10 @@ for batch in "${BATCH_SIZES[@]}"; do
         # The roofline again at the read probes run between the steps (the bandwidth moves within seconds).
         steps=$(grep "^decode against a read probe between steps" <<<"$out")
         between[$p/$b]+="$(grep -o '[0-9.]* % of the roofline at the probes' <<<"$steps" | awk '{print $1}') "
+        # A run whose probes between steps stayed within 25 % met one host state throughout: its share says
+        # what that state allows, where the medians above mix runs that met either.
+        steady[$p/$b]+=$(sed -nE 's/.*probes ([0-9.]+)-([0-9.]+) GB\/s, median ([0-9.]+)\): ([0-9.]+) % .*per step: median ([0-9.]+) %.*/\1 \2 \3 \4 \5/p' <<<"$steps" |
+          awk '$2 <= 1.25 * $1 {printf "%s %% (per step %s %%) at %s GB/s, ", $4, $5, $3}')
         echo "  run $r $p $b: $dline; $roof; $steps; $ceiling; load $(cut -d' ' -f1-3 /proc/loadavg)"
         if [ "${#flags[@]}" -gt 0 ]; then
           sed -n '/^profile: /p; /^profile decode:/,/^  engine overhead/p' <<<"$out" | sed 's/^/    /'
@@ -104,7 +108,7 @@ for batch in "${BATCH_SIZES[@]}"; do
   done
   for p in "${PRECISIONS[@]}"; do
     for b in "${LABELS[@]}"; do
-      echo "decode batch $batch median ($p, $b): $(tr ' ' '\n' <<<"${rates[$p/$b]}" | grep . | median) tokens/s aggregate = $(tr ' ' '\n' <<<"${shares[$p/$b]}" | grep . | median) % of the roofline ($(tr ' ' '\n' <<<"${between[$p/$b]}" | grep . | median) % at the probes between steps)"
+      echo "decode batch $batch median ($p, $b): $(tr ' ' '\n' <<<"${rates[$p/$b]}" | grep . | median) tokens/s aggregate = $(tr ' ' '\n' <<<"${shares[$p/$b]}" | grep . | median) % of the roofline ($(tr ' ' '\n' <<<"${between[$p/$b]}" | grep . | median) % at the probes between steps); runs in one host state (probes between steps within 25 %): $(sed 's/, $//' <<<"${steady[$p/$b]:-none}")"
     done
   done
 done

@@ -22,7 +22,8 @@ A shared host's read bandwidth moves between levels within seconds (29-33 GB/s, 
 VM), so probes before and after a run misjudge it, and formats run minutes apart meet different machines.
 generate also probes between decode steps (128 MiB, a few ms each, not timed as decode): each run's share of
 the roofline at the probes beside its steps is in its own column, and the ratio of two formats' such shares
-is their tok/s ratio / bytes ratio with the drift taken out.
+is their tok/s ratio / bytes ratio with the drift taken out. The runs whose probes between steps stayed within
+25 % of each other (one host state throughout) are listed with that share and their probes' median GB/s.
 
 --precision medium runs the linears at `--matmul-precision medium` (bf16 products; AVX512-BF16). --variants
 compares builds and precisions in the same run, e.g. `--variants base=/tmp/main/xmoe:highest,highest,medium`
@@ -57,6 +58,10 @@ WAIT = r"threads waited for a CPU [\d.]+ ms in the run \(([\d.]+) % of"
 # Decode against the read probe run between its steps (the share of the roofline at those probes, Σ over the
 # steps, and the steps' median share); builds before it print none.
 BETWEEN = r"\): ([\d.]+) % of the roofline at the probes beside each step \(per step: median ([\d.]+) %"
+# The range and median of those probes (GB/s): a run whose probes stayed within STEADY of each other met one
+# host state throughout.
+BETWEEN_PROBES = r"probes ([\d.]+)-([\d.]+) GB/s, median ([\d.]+)\): [\d.]+ % of the roofline at the probes beside"
+STEADY = 1.25
 FORMATS = ("bf16", "fp8-block", "mxfp4", "nvfp4")
 PROFILE_ROW = re.compile(r"^(.+?)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%$")
 PROFILE_PROBE = re.compile(r"read probe: ([\d.]+) GB/s anonymous buffer.*?; ([\d.]+) GB/s over the mapped lm_head")
@@ -112,6 +117,8 @@ def run(xmoe, directory, threads, prompt_len, decode, precision, isa=None):
     row["wait"] = [float(m.group(1)) if m else float("nan")]
     m = re.search(BETWEEN, out)
     row["between"] = [float(m.group(1)), float(m.group(2))] if m else [float("nan")] * 2
+    m = re.search(BETWEEN_PROBES, out)
+    row["between_probes"] = [float(g) for g in m.groups()] if m else [float("nan")] * 3
     return row
 
 
@@ -142,6 +149,14 @@ def run_shares(runs, max_wait):
     """Each run's share of the bandwidth probed around it, in run order; * marks a run whose threads waited
     for a CPU more than max_wait % of the time (its share says more about the other process than the kernels)."""
     return " ".join(f"{r['share'][0]:.0f}{'*' if r['wait'][0] > max_wait else ''}" for r in runs)
+
+
+def steady_runs(runs):
+    """The runs that met one host state throughout (their probes between steps within STEADY of each other):
+    each one's share at those probes and their median GB/s, in run order. Medians over all runs mix runs that
+    met a ~33 GB/s host with ones that met a ~60 GB/s one; these say what each state allows."""
+    steady = [r for r in runs if r["between_probes"][1] <= STEADY * r["between_probes"][0]]
+    return "; ".join(f"{r['between'][0]:.1f} % at {r['between_probes'][2]:.1f} GB/s" for r in steady) or "none"
 
 
 def main():
@@ -204,7 +219,8 @@ def main():
         fmt, directory = spec.split("=", 1)
         for v in variants:
             name = fmt if len(variants) == 1 else f"{fmt} {v[0]}"
-            rows.append((name, median_row(runs[(spec, v)]), run_shares(runs[(spec, v)], a.max_wait)))
+            rows.append((name, median_row(runs[(spec, v)]), run_shares(runs[(spec, v)], a.max_wait),
+                         steady_runs(runs[(spec, v)])))
             if a.profile:
                 profiles[name] = profile(v[1], directory, a.threads, a.profile_steps, v[2], a.isa)
     load_after = os.getloadavg()
@@ -216,17 +232,18 @@ def main():
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
     print(f"| format | weights/token MB | decode tok/s | share of read bandwidth | shares per run % "
           f"| share of the probes between steps (per-step median) "
+          f"| runs in one host state: share at the probes between steps "
           f"| tok/s ratio | bytes ratio | tok/s ratio / bytes ratio | the same at the probes between steps "
           f"| prefill {a.prompt} tok/s | prefill ratio "
           f"| load s | RSS after load GB (anonymous + mapped file) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, r, shares in rows:
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, r, shares, steady in rows:
         tok_ratio = r["decode"][0] / base["decode"][0]
         bytes_ratio = base["mb"][0] / r["mb"][0]
         # tok/s ratio / bytes ratio is this format's weight GB/s over the baseline's; with each run's GB/s taken
         # against the probes beside its own steps, it is the ratio of the two shares.
         print(f"| {name} | {r['mb'][0]:.1f} | {r['decode'][0]:.2f} | {r['share'][0]:.1f} % of {r['share'][1]:.1f} GB/s "
-              f"| {shares} | {r['between'][0]:.1f} % ({r['between'][1]:.1f} %) "
+              f"| {shares} | {r['between'][0]:.1f} % ({r['between'][1]:.1f} %) | {steady} "
               f"| {tok_ratio:.2f} | {bytes_ratio:.2f} | {tok_ratio / bytes_ratio:.2f} "
               f"| {r['between'][0] / base['between'][0]:.2f} | {r['prefill'][0]:.1f} "
               f"| {r['prefill'][0] / base['prefill'][0]:.2f} | {r['load'][0]:.2f} "
@@ -234,7 +251,7 @@ def main():
 
     print(f"(shares per run in run order; * = its threads waited for a CPU more than {a.max_wait:g} % of the run: "
           f"another process had the cores)")
-    for name, r, _ in rows:
+    for name, r, _, _ in rows:
         if name not in profiles:
             continue
         classes, (anon, mapped) = profiles[name]
