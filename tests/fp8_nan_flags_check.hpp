@@ -20,7 +20,7 @@ namespace xmoe::test {
 class NanFlagCase {
  public:
   static constexpr int64_t n = 19, k = 272;
-  NanFlagCase(bool ue8m0, unsigned seed) : rng_(seed), flags(n) {
+  NanFlagCase(bool ue8m0, unsigned seed) : flags(n), rng_(seed) {
     std::vector<float> values(n * k);
     for (float& v : values) v = 0.05f * normal_(rng_);
     fp8_ = kernels::quant::quantize_fp8_block(values.data(), n, k, ue8m0);
@@ -28,7 +28,7 @@ class NanFlagCase {
     w = fp8_.view();
     w.nan_free_rows = flags.data();
   }
-  // y of `kernel` over `weight` and the reference's over the bare view, for the same random x of m rows.
+  // y of `kernel` over `w` and the reference's over the bare view, for the same random x of m rows.
   std::pair<std::vector<float>, std::vector<float>> run(kernels::LinearFn kernel, kernels::LinearFn reference,
                                                         int64_t m) {
     std::vector<float> x(static_cast<size_t>(m * k));
@@ -41,11 +41,13 @@ class NanFlagCase {
     return {call(kernel, w), call(reference, fp8_.view())};
   }
 
+  std::vector<std::atomic<uint8_t>> flags;
+  kernels::PackedWeight w;  // the weight's view with `flags`
+
+ private:
   std::mt19937 rng_;
   std::normal_distribution<float> normal_{0.0f, 1.0f};
   kernels::quant::QuantizedMatrix fp8_;
-  std::vector<std::atomic<uint8_t>> flags;
-  kernels::PackedWeight w;
 };
 
 inline void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want,

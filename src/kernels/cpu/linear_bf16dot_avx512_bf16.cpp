@@ -84,6 +84,7 @@ template <bool kOneRowPrefetch>
 void linear_bf16_medium_rows(const LinearArgs& a) {
   const bf16* w = reinterpret_cast<const bf16*>(a.w->data);
   const int64_t k = a.w->cols, ldw = a.w->row_bytes / 2, steps = (k + 31) / 32;
+  const int64_t decode_ahead_rows = std::max<int64_t>(1, (kDecodeAheadBytes + ldw * 2 - 1) / (ldw * 2));
   const int64_t chunk = std::min(a.m, kChunkRows);
   std::unique_ptr<uint16_t[], FreeDeleter> xp(
       static_cast<uint16_t*>(std::aligned_alloc(64, static_cast<size_t>(chunk * steps * 64))));
@@ -92,7 +93,6 @@ void linear_bf16_medium_rows(const LinearArgs& a) {
     const int64_t rows = std::min(kChunkRows, a.m - c0);
     pack_x(a.x + c0 * a.ldx, a.ldx, rows, k, xp.get());
     float* y = a.y + c0 * a.ldy;
-    const int64_t decode_ahead_rows = std::max<int64_t>(1, (kDecodeAheadBytes + ldw * 2 - 1) / (ldw * 2));
     if (rows <= 3)
       chunk_columns<1>(xp.get(), rows, steps, w, ldw, k, a.n0, a.n1, y, a.ldy,
                        kOneRowPrefetch || rows > 1 ? decode_ahead_rows : 0);
