@@ -15,6 +15,7 @@
 #include "kernels/register_fma_peak.hpp"
 #include "llm/engine.hpp"
 #include "llm/model_bundle.hpp"
+#include "llm/step_profile.hpp"
 #include "matmul_precision_option.hpp"
 #include "prefault_option.hpp"
 #include "prefill_flops.hpp"
@@ -484,7 +485,8 @@ int run_generate(const GenerateOptions& o) {
   std::fprintf(stderr, "prefill: %lld tokens in %.3f s = %.2f tokens/s\n",
                static_cast<long long>(st.prefill_tokens), st.prefill_seconds,
                per_second(static_cast<double>(st.prefill_tokens), st.prefill_seconds));
-  double compute_peak_gflops = 0;  // with --measure-bandwidth
+  double compute_peak_gflops = 0;     // with --measure-bandwidth
+  llm::ProfileLimits profile_limits;  // with --measure-bandwidth: what --profile's bound holds each op to
   if (o.measure_bandwidth) {
     // The peak is probed before and after the run; the higher is the baseline (the conservative share).
     compute_peak_gflops = std::max(peak_before, compute_peak(o.isa, precision));
@@ -566,6 +568,9 @@ int run_generate(const GenerateOptions& o) {
                    sequences * peak * 1e9 / step_bytes, sequences, peak * 1e9 / step_bytes, step_bytes / 1e6,
                    100.0 * decode_rate / (sequences * peak * 1e9 / step_bytes));
     const StepBandwidth between = summarize_steps(decode_samples);
+    // The profile's bound holds each op to the bandwidth the steps met (the probes between them where taken).
+    profile_limits = {between.steps > 0 ? between.probe_median : peak, compute_peak_gflops,
+                      peak_name(o.isa, precision)};
     if (between.steps > 0)
       std::fprintf(
           stderr,
@@ -589,7 +594,8 @@ int run_generate(const GenerateOptions& o) {
   }
   std::fprintf(stderr, "\n");
   if (o.profile)
-    std::fprintf(stderr, "%s", profile.report(omp_get_max_threads(), fork_join_microseconds()).c_str());
+    std::fprintf(stderr, "%s",
+                 profile.report(omp_get_max_threads(), fork_join_microseconds(), profile_limits).c_str());
   if (o.measure_bandwidth) {
     // What a token of context costs in the cache (MLA: the latent vector only).
     const llm::KvCache& kv = engine.kv_cache();

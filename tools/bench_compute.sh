@@ -11,7 +11,8 @@
 #
 # BASELINE names a second xmoe binary (e.g. main's build): every run then alternates the two, same load, and
 # each gets its own medians (an A/B in one run). PROFILE=1 adds `--profile` to both binaries' decode runs and
-# prints each run's decode step profile (time share, GB/s, GFLOP/s by op class). BATCHES lists the decode
+# prints each run's decode step profile (time share, GB/s, GFLOP/s by op class, and the step's bound: each op
+# held to the larger of its bytes at the read probe and its flops at the peak). BATCHES lists the decode
 # batch sizes (default "1 8 16"); SKIP_PREFILL=1 leaves out the prefill runs. OpenMP waits as the caller's
 # environment says, by default xmoe's bounded spin (`xmoe info`); the profile's "threads busy" counts the spin
 # unless OMP_WAIT_POLICY=passive.
@@ -101,7 +102,7 @@ for batch in "${BATCH_SIZES[@]}"; do
           awk '$2 <= 1.25 * $1 {printf "%s %% (per step %s %%) at %s GB/s, ", $4, $5, $3}')
         echo "  run $r $p $b: $dline; $roof; $steps; $ceiling; load $(cut -d' ' -f1-3 /proc/loadavg)"
         if [ "${#flags[@]}" -gt 0 ]; then
-          sed -n '/^profile: /p; /^profile decode:/,/^  engine overhead/p' <<<"$out" | sed 's/^/    /'
+          sed -n '/^profile: /p; /^profile decode:/,/^  bound: /p' <<<"$out" | sed 's/^/    /'
         fi
       done
     done

@@ -7,6 +7,7 @@
 // Scopes nest: an inner scope's time is its own, and the enclosing scope keeps only the rest (the engine's
 // scope around a whole step keeps what no op claimed: scheduling, bookkeeping, the logits copy).
 #pragma once
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -40,6 +41,16 @@ struct ProfileTotals {
   int64_t calls = 0;
 };
 
+// What an op may cost at best: its bytes read at `read_gbs` and its flops at `peak_gflops`, whichever takes
+// longer (`xmoe generate --profile --measure-bandwidth` passes the read probes' median and the register-only
+// peak of the linears' arithmetic). Summed over a step's ops this bounds the step from below more tightly
+// than either roofline alone: an op whose flops outlast its bytes (a wide lm_head over many rows) cannot hide
+// behind the bytes of another, since each op reads its own weights.
+struct ProfileLimits {
+  double read_gbs = 0, peak_gflops = 0;
+  std::string peak_name = "FMA";
+};
+
 class StepProfile {
  public:
   enum class Phase { prefill, decode };
@@ -71,12 +82,34 @@ class StepProfile {
 
   const PhaseTotals& phase(Phase p) const { return phases_[static_cast<int>(p)]; }
 
+  // One op's least time per step of `phase` under `limits` (seconds).
+  static double op_bound(const ProfileTotals& t, int64_t steps, const ProfileLimits& limits) {
+    if (steps == 0) return 0;
+    const double s = static_cast<double>(steps);
+    return std::max(t.bytes / s / (limits.read_gbs * 1e9), t.flops / s / (limits.peak_gflops * 1e9));
+  }
+  struct StepBound {
+    double bound = 0, bytes_only = 0;  // seconds per step: every op at its limit; the bytes alone
+  };
+  StepBound bound(Phase phase, const ProfileLimits& limits) const {
+    const PhaseTotals& p = this->phase(phase);
+    StepBound b;
+    if (p.steps == 0) return b;
+    for (const ProfileTotals& t : p.ops) {
+      b.bound += op_bound(t, p.steps, limits);
+      b.bytes_only += t.bytes / static_cast<double>(p.steps) / (limits.read_gbs * 1e9);
+    }
+    return b;
+  }
+
   // One table per phase that ran: per op its share of the step time, ms per step, GB/s and GFLOP/s over
   // its own time, and the threads busy on average (CPU / wall). `fork_join_us`: the cost of one empty
-  // parallel region of `threads` threads, measured by the caller.
-  std::string report(int threads, double fork_join_us) const {
+  // parallel region of `threads` threads, measured by the caller. With limits (both positive), each op's
+  // least time under them too, and the step's bound against its bytes alone.
+  std::string report(int threads, double fork_join_us, const ProfileLimits& limits = {}) const {
+    const bool bounded = limits.read_gbs > 0 && limits.peak_gflops > 0;
     std::string out;
-    char line[256];
+    char line[512];
     std::snprintf(line, sizeof line,
                   "profile: %d threads; an empty fork/join costs %.2f us; busy = CPU / wall time (with "
                   "OMP_WAIT_POLICY=passive, %d - busy threads wait at barriers or for serial code)\n",
@@ -89,8 +122,8 @@ class StepProfile {
                     ph == 0 ? "prefill" : "decode", static_cast<long long>(p.steps),
                     static_cast<long long>(p.tokens), 1e3 * p.wall / static_cast<double>(p.steps));
       out += line;
-      std::snprintf(line, sizeof line, "  %-17s %7s %10s %9s %9s %8s %11s\n", "op", "share", "ms/step",
-                    "GB/s", "GFLOP/s", "busy", "idle ms/st");
+      std::snprintf(line, sizeof line, "  %-17s %7s %10s %9s %9s %8s %11s%s\n", "op", "share", "ms/step",
+                    "GB/s", "GFLOP/s", "busy", "idle ms/st", bounded ? "   bound ms/st" : "");
       out += line;
       for (int i = 0; i < kProfileOps; ++i) {
         const ProfileTotals& t = p.ops[static_cast<size_t>(i)];
@@ -100,9 +133,23 @@ class StepProfile {
         char gbs[16] = "-", gflops[16] = "-";
         if (t.bytes > 0 && t.wall > 0) std::snprintf(gbs, sizeof gbs, "%.1f", t.bytes / t.wall / 1e9);
         if (t.flops > 0 && t.wall > 0) std::snprintf(gflops, sizeof gflops, "%.1f", t.flops / t.wall / 1e9);
-        std::snprintf(line, sizeof line, "  %-17s %6.1f%% %10.3f %9s %9s %8.2f %11.3f\n",
+        char bound[24] = "";
+        if (bounded) std::snprintf(bound, sizeof bound, " %13.3f", 1e3 * op_bound(t, p.steps, limits));
+        std::snprintf(line, sizeof line, "  %-17s %6.1f%% %10.3f %9s %9s %8.2f %11.3f%s\n",
                       kProfileOpNames[static_cast<size_t>(i)], p.wall > 0 ? 100.0 * t.wall / p.wall : 0.0,
-                      per_step, gbs, gflops, t.wall > 0 ? t.cpu / t.wall : 0.0, idle);
+                      per_step, gbs, gflops, t.wall > 0 ? t.cpu / t.wall : 0.0, idle, bound);
+        out += line;
+      }
+      if (bounded) {
+        const StepBound b = bound(static_cast<Phase>(ph), limits);
+        const double step = p.wall / static_cast<double>(p.steps);
+        std::snprintf(line, sizeof line,
+                      "  bound: each op at the larger of its bytes at %.2f GB/s and its flops at the %s peak "
+                      "%.1f GFLOP/s: %.3f ms a step, its bytes alone %.3f ms, so at most %.1f %% of the "
+                      "bandwidth roofline; the steps took %.3f ms, %.1f %% of the bound's speed\n",
+                      limits.read_gbs, limits.peak_name.c_str(), limits.peak_gflops, 1e3 * b.bound,
+                      1e3 * b.bytes_only, b.bound > 0 ? 100.0 * b.bytes_only / b.bound : 0.0, 1e3 * step,
+                      step > 0 ? 100.0 * b.bound / step : 0.0);
         out += line;
       }
     }

@@ -87,6 +87,33 @@ TEST(StepProfile, ChangesNoTokenAndPartitionsEachStep) {
   EXPECT_NE(report.find("profile prefill:"), std::string::npos);
   EXPECT_NE(report.find("profile decode:"), std::string::npos);
   for (const char* name : kProfileOpNames) EXPECT_NE(report.find(name), std::string::npos) << name;
+  EXPECT_EQ(report.find("bound"), std::string::npos);  // no limits, no bound
+
+  // The step bound: each op at the larger of its bytes at the read bandwidth and its flops at the peak.
+  // With a peak so high that no op's flops matter it is the step's bytes at the bandwidth; with a bandwidth
+  // so high that no op's bytes matter, its flops at the peak.
+  double bytes = 0, flops = 0;
+  for (const ProfileTotals& t : decode.ops) bytes += t.bytes, flops += t.flops;
+  const auto decode_bound = [&](double gbs, double gflops) {
+    return profile.bound(StepProfile::Phase::decode, ProfileLimits{gbs, gflops, "FMA"});
+  };
+  EXPECT_NEAR(decode_bound(2, 1e12).bound, bytes / steps / 2e9, 1e-12 * bytes / steps);
+  EXPECT_NEAR(decode_bound(2, 1e12).bytes_only, bytes / steps / 2e9, 1e-12 * bytes / steps);
+  EXPECT_NEAR(decode_bound(1e12, 3).bound, flops / steps / 3e9, 1e-12 * flops / steps);
+  // In between, each op takes its own larger side: the bound lies between the larger of the two totals and
+  // their sum, and one op's bound is its bytes or its flops as the limits make it.
+  const StepProfile::StepBound mixed = decode_bound(1, 1);
+  EXPECT_GE(mixed.bound, std::max(bytes, flops) / steps / 1e9 * (1 - 1e-12));
+  EXPECT_LE(mixed.bound, (bytes + flops) / steps / 1e9 * (1 + 1e-12));
+  const double lm_bytes = op(ProfileOp::lm_head).bytes / steps,
+               lm_flops = op(ProfileOp::lm_head).flops / steps;
+  EXPECT_DOUBLE_EQ(StepProfile::op_bound(op(ProfileOp::lm_head), decode.steps, ProfileLimits{1, 1e9, "FMA"}),
+                   lm_bytes / 1e9);
+  EXPECT_DOUBLE_EQ(StepProfile::op_bound(op(ProfileOp::lm_head), decode.steps, ProfileLimits{1e9, 1, "FMA"}),
+                   lm_flops / 1e9);
+  const std::string bounded = profile.report(2, 1.5, ProfileLimits{30, 200, "VDPBF16PS"});
+  EXPECT_NE(bounded.find("bound ms/st"), std::string::npos);
+  EXPECT_NE(bounded.find("its flops at the VDPBF16PS peak 200.0 GFLOP/s"), std::string::npos);
 }
 
 }  // namespace
