@@ -133,11 +133,11 @@ class StepProfile {
         char gbs[16] = "-", gflops[16] = "-";
         if (t.bytes > 0 && t.wall > 0) std::snprintf(gbs, sizeof gbs, "%.1f", t.bytes / t.wall / 1e9);
         if (t.flops > 0 && t.wall > 0) std::snprintf(gflops, sizeof gflops, "%.1f", t.flops / t.wall / 1e9);
-        char bound[24] = "";
-        if (bounded) std::snprintf(bound, sizeof bound, " %13.3f", 1e3 * op_bound(t, p.steps, limits));
+        char bound_ms[24] = "";
+        if (bounded) std::snprintf(bound_ms, sizeof bound_ms, " %13.3f", 1e3 * op_bound(t, p.steps, limits));
         std::snprintf(line, sizeof line, "  %-17s %6.1f%% %10.3f %9s %9s %8.2f %11.3f%s\n",
                       kProfileOpNames[static_cast<size_t>(i)], p.wall > 0 ? 100.0 * t.wall / p.wall : 0.0,
-                      per_step, gbs, gflops, t.wall > 0 ? t.cpu / t.wall : 0.0, idle, bound);
+                      per_step, gbs, gflops, t.wall > 0 ? t.cpu / t.wall : 0.0, idle, bound_ms);
         out += line;
       }
       if (bounded) {
